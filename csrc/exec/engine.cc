@@ -1,0 +1,173 @@
+#include "exec/engine.h"
+
+#include <algorithm>
+
+#include "common/error.h"
+
+namespace tilecomm::exec {
+
+Engine::Engine(int rank, int world, const EngineConfig& cfg)
+    : rank_(rank), world_(world), cfg_(cfg), tables_(static_cast<size_t>(Coll::kCount)) {
+  shm_ = std::make_unique<transport::ShmTransport>(rank, world, cfg.shm);
+  exec_ = std::make_unique<Executor>(*shm_, cfg.wait);
+  p2p_ = std::make_unique<P2PEngine>(*exec_, [this](const std::string& m) { fail(m, true); });
+}
+
+Engine::~Engine() {
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+  p2p_.reset();  // joins its thread before the transport goes away
+}
+
+void Engine::connect(const std::vector<std::string>& names, const std::vector<int64_t>& pids) {
+  shm_->connect(names, pids);
+}
+
+void Engine::addAlgorithm(Algorithm algo) {
+  size_t want = algo.rooted ? static_cast<size_t>(world_) : 1;
+  if (algo.schedules.size() != want)
+    throw Error(ErrorKind::kInvalid, "algorithm " + algo.name + ": expected " + std::to_string(want) + " schedules");
+  uint16_t id = algo.id;
+  algos_[id] = std::move(algo);
+}
+
+void Engine::setTable(Coll coll, std::vector<std::pair<uint64_t, uint16_t>> table) {
+  if (table.empty()) throw Error(ErrorKind::kInvalid, std::string("empty decision table for ") + collName(coll));
+  for (auto& e : table)
+    if (!algos_.count(e.second) || algos_[e.second].coll != coll)
+      throw Error(ErrorKind::kInvalid, std::string("decision table for ") + collName(coll) +
+                                           " names an unknown algorithm id " + std::to_string(e.second));
+  tables_[static_cast<size_t>(coll)] = std::move(table);
+}
+
+void Engine::start() {
+  worker_ = std::thread([this] { workerLoop(); });
+  p2p_->start();
+}
+
+uint16_t Engine::pick(Coll coll, uint64_t nbytes) const {
+  const auto& t = tables_[static_cast<size_t>(coll)];
+  if (t.empty()) throw Error(ErrorKind::kInvalid, std::string("no algorithm registered for ") + collName(coll));
+  for (const auto& e : t)
+    if (nbytes <= e.first) return e.second;
+  return t.back().second;
+}
+
+const Algorithm& Engine::algorithm(uint16_t id) const { return algos_.at(id); }
+
+uint16_t Engine::algorithmId(const std::string& name) const {
+  for (const auto& kv : algos_)
+    if (kv.second.name == name) return kv.first;
+  throw Error(ErrorKind::kInvalid, "unknown algorithm " + name);
+}
+
+Clock::time_point Engine::deadline(int64_t timeout_ms) const {
+  return Clock::now() + std::chrono::milliseconds(timeout_ms > 0 ? timeout_ms : cfg_.timeout_ms);
+}
+
+void Engine::run(const CollCall& c) {
+  const Algorithm& algo = algos_.at(c.algo);
+  CollDesc desc;
+  desc.seq = ++coll_seq_;
+  desc.count = c.desc_count;
+  desc.root = c.root;
+  desc.algo = c.algo;
+  desc.coll = c.coll;
+  desc.dtype = c.dtype;
+  desc.op = c.op;
+  shm_->publishBoard(desc);
+  int64_t timeout = c.timeout_ms > 0 ? c.timeout_ms : cfg_.timeout_ms;
+  Clock::time_point dl = deadline(timeout);
+  int shift = algo.rooted ? c.root : 0;
+  const Schedule& s = algo.rooted ? algo.schedules[(rank_ - shift + world_) % world_] : algo.schedules[0];
+  size_t elem = dtypeSize(c.dtype);
+  uint32_t begin = 0;
+  for (uint32_t end : s.round_end) {
+    steps_.clear();
+    for (uint32_t i = begin; i < end; ++i) {
+      const SchedOp& o = s.ops[i];
+      size_t lo = chunkOffset(o.lo, s.nchunks, c.count, elem);
+      size_t hi = chunkOffset(o.hi, s.nchunks, c.count, elem);
+      steps_.push_back(Step{o.kind, (o.peer + shift) % world_, c.buf + lo, hi - lo, o.dep});
+    }
+    begin = end;
+    exec_->runRound(steps_, desc, c.dtype, c.op, dl, timeout);
+  }
+}
+
+void Engine::allToAll(const char* in, const std::vector<size_t>& in_off, const std::vector<size_t>& in_len,
+                      char* out, const std::vector<size_t>& out_off, const std::vector<size_t>& out_len,
+                      int64_t timeout_ms) {
+  CollDesc desc;
+  desc.seq = ++coll_seq_;
+  desc.coll = Coll::kAllToAll;
+  desc.dtype = DType::kBytes;
+  desc.algo = algorithmId("alltoall_pairwise");
+  shm_->publishBoard(desc);
+  int64_t timeout = timeout_ms > 0 ? timeout_ms : cfg_.timeout_ms;
+  Clock::time_point dl = deadline(timeout);
+  std::copy(in + in_off[rank_], in + in_off[rank_] + in_len[rank_], out + out_off[rank_]);
+  // round k: send block (r + k) to rank r + k, receive block (r - k) from rank r - k.
+  for (int k = 1; k < world_; ++k) {
+    int to = (rank_ + k) % world_, from = (rank_ - k + world_) % world_;
+    steps_.clear();
+    steps_.push_back(Step{StepKind::kSend, to, const_cast<char*>(in) + in_off[to], in_len[to], -1});
+    steps_.push_back(Step{StepKind::kRecvCopy, from, out + out_off[from], out_len[from], -1});
+    exec_->runRound(steps_, desc, DType::kBytes, RedOp::kNone, dl, timeout);
+  }
+}
+
+void Engine::submit(Task task) {
+  std::unique_lock<std::mutex> lk(mu_);
+  queue_.emplace_back(next_ticket_++, std::move(task));
+  lk.unlock();
+  cv_.notify_all();
+}
+
+void Engine::runNow(Task task) {
+  std::unique_lock<std::mutex> lk(mu_);
+  uint64_t ticket = next_ticket_++;
+  cv_.wait(lk, [&] { return serving_ == ticket; });
+  lk.unlock();
+  task();  // tasks report their own errors through their Work
+  lk.lock();
+  ++serving_;
+  lk.unlock();
+  cv_.notify_all();
+}
+
+void Engine::workerLoop() {
+  std::unique_lock<std::mutex> lk(mu_);
+  for (;;) {
+    cv_.wait(lk, [&] { return (!queue_.empty() && queue_.front().first == serving_) || (stop_ && queue_.empty()); });
+    if (queue_.empty()) return;
+    Task task = std::move(queue_.front().second);
+    queue_.pop_front();
+    lk.unlock();
+    task();
+    lk.lock();
+    ++serving_;
+    cv_.notify_all();
+  }
+}
+
+std::string Engine::failure() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return failure_;
+}
+
+void Engine::fail(const std::string& msg, bool tell_peers) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!failure_.empty()) return;
+    failure_ = msg;
+  }
+  if (tell_peers) shm_->broadcastAbort(msg);
+  shm_->wakeSelf();
+}
+
+}  // namespace tilecomm::exec

@@ -1,0 +1,253 @@
+#include "exec/p2p.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/error.h"
+
+namespace tilecomm::exec {
+
+using transport::kP2PLane;
+using transport::ShmTransport;
+using transport::Slot;
+
+P2PEngine::P2PEngine(Executor& exec, std::function<void(const std::string&)> on_fatal)
+    : exec_(exec), on_fatal_(std::move(on_fatal)) {
+  int world = exec_.shm().world();
+  in_.resize(world);
+  sent_msgs_.assign(world, 0);
+}
+
+P2PEngine::~P2PEngine() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  exec_.shm().wakeSelf();
+  if (thread_.joinable()) thread_.join();
+}
+
+void P2PEngine::start() {
+  thread_ = std::thread([this] { loop(); });
+}
+
+void P2PEngine::post(P2POp op) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!failed_.empty()) {
+      std::string err = failed_;
+      op.done(op.peer, err);
+      return;
+    }
+    int64_t t = op.timeout_ms > 0 ? op.timeout_ms : 30 * 60 * 1000;
+    op.deadline = Clock::now() + std::chrono::milliseconds(t);
+    incoming_.push_back(std::move(op));
+  }
+  cv_.notify_all();
+  exec_.shm().wakeSelf();  // the thread may be asleep on the doorbell
+}
+
+void P2PEngine::finish(std::list<P2POp>::iterator it, const std::string& err) {
+  it->done(it->peer, err);
+  pending_.erase(it);
+}
+
+void P2PEngine::loop() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return stop_ || !incoming_.empty(); });
+      if (stop_ && incoming_.empty()) return;
+    }
+    try {
+      Clock::time_point dl = Clock::time_point::max();
+      int64_t timeout = 0;
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        for (const P2POp& op : incoming_)
+          if (op.deadline < dl) dl = op.deadline, timeout = op.timeout_ms;
+      }
+      exec_.drive([&](std::vector<int>& waiting) { return pass(waiting); }, nullptr, "operation", dl, timeout);
+    } catch (const std::exception& e) {
+      std::string msg = e.what();
+      auto* err = dynamic_cast<const Error*>(&e);
+      bool from_peer = err && err->kind() == ErrorKind::kAborted;
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        failed_ = msg;
+        for (P2POp& op : incoming_) pending_.push_back(std::move(op));
+        incoming_.clear();
+      }
+      while (!pending_.empty()) finish(pending_.begin(), msg);
+      if (!stopping(msg)) on_fatal_(from_peer ? "" : msg);
+    }
+  }
+}
+
+bool P2PEngine::stopping(const std::string& msg) const { return msg == kStopped; }
+
+bool P2PEngine::pass(std::vector<int>& waiting) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stop_) throw Error(ErrorKind::kAborted, kStopped);
+    for (P2POp& op : incoming_) pending_.push_back(std::move(op));
+    incoming_.clear();
+  }
+  bool moved = false;
+  std::vector<char> send_busy(in_.size(), 0);
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    P2POp& op = *it;
+    auto next = std::next(it);
+    if (op.send) {
+      if (!send_busy[op.peer]) {
+        moved |= progressSend(op);
+        if (op.finished) {
+          finish(it, "");
+        } else {
+          send_busy[op.peer] = 1;  // later sends to this peer wait their turn
+          waiting.push_back(op.peer);
+        }
+      }
+    } else {
+      std::string err;
+      try {
+        moved |= progressRecv(op);
+      } catch (const Error& e) {
+        if (e.kind() != ErrorKind::kInvalid) throw;
+        err = e.what();  // this receive is wrong (size mismatch); the group is fine
+      }
+      if (!err.empty()) {
+        moved = true;
+        finish(it, err);
+      } else if (op.finished) {
+        finish(it, "");
+      } else {
+        waiting.push_back(op.peer);
+      }
+    }
+    it = next;
+  }
+  return moved;
+}
+
+bool P2PEngine::progressSend(P2POp& op) {
+  ShmTransport& shm = exec_.shm();
+  bool moved = false;
+  while (!op.finished) {
+    Slot* slot = shm.trySendSlot(kP2PLane, op.peer);
+    if (!slot) break;
+    size_t len = std::min<size_t>(shm.slotBytes(), op.nbytes - op.progress);
+    slot->hdr.desc = CollDesc{};
+    slot->hdr.msg_bytes = op.nbytes;
+    slot->hdr.offset = op.progress;
+    slot->hdr.len = static_cast<uint32_t>(len);
+    slot->hdr.tag = op.tag;
+    slot->hdr.p2p_seq = sent_msgs_[op.peer];
+    std::memcpy(ShmTransport::payload(slot), op.ptr + op.progress, len);
+    shm.commitSend(kP2PLane, op.peer);
+    op.progress += len;
+    moved = true;
+    if (op.progress == op.nbytes) {
+      op.finished = true;
+      ++sent_msgs_[op.peer];
+    }
+  }
+  return moved;
+}
+
+bool P2PEngine::takeAside(P2POp& op, int src) {
+  Inbound& in = in_[src];
+  for (auto it = in.aside.begin(); it != in.aside.end(); ++it) {
+    if (it->tag != op.tag) continue;
+    if (it->arrived < it->data.size() || (in.sink == Sink::kUnexpected && &*it == &in.aside.back()))
+      return false;  // the first message with this tag is still arriving
+    if (it->data.size() != op.nbytes)
+      throw Error(ErrorKind::kInvalid, "rank " + std::to_string(src) + " sent " + std::to_string(it->data.size()) +
+                                           " bytes with tag " + std::to_string(op.tag) + " but the receive posted " +
+                                           std::to_string(op.nbytes) + " bytes");
+    std::memcpy(op.ptr, it->data.data(), op.nbytes);
+    in.aside.erase(it);
+    op.peer = src;
+    op.matched = op.finished = true;
+    return true;
+  }
+  return false;
+}
+
+bool P2PEngine::drainInbound(int src) {
+  ShmTransport& shm = exec_.shm();
+  Inbound& in = in_[src];
+  bool moved = false;
+  while (in.sink != Sink::kNone) {
+    const Slot* slot = shm.tryRecvSlot(kP2PLane, src);
+    if (!slot) break;
+    const transport::SlotHeader h = slot->hdr;
+    if (h.msg_bytes != in.msg_bytes || h.offset != in.got || h.len > shm.slotBytes() ||
+        h.len > in.msg_bytes - in.got || (h.len == 0 && in.msg_bytes != 0))
+      throw Error(ErrorKind::kDesync, "malformed point-to-point slice from rank " + std::to_string(src));
+    const char* p = ShmTransport::payload(slot);
+    if (in.sink == Sink::kOp) {
+      std::memcpy(in.op->ptr + in.got, p, h.len);
+    } else if (in.sink == Sink::kUnexpected) {
+      std::memcpy(in.aside.back().data.data() + in.got, p, h.len);
+      in.aside.back().arrived += h.len;
+    }
+    shm.releaseRecv(kP2PLane, src);
+    in.got += h.len;
+    moved = true;
+    if (in.got == in.msg_bytes) {
+      if (in.sink == Sink::kOp) in.op->finished = true;
+      in.sink = Sink::kNone;
+      in.op = nullptr;
+    }
+  }
+  return moved;
+}
+
+bool P2PEngine::progressRecv(P2POp& op) {
+  ShmTransport& shm = exec_.shm();
+  int world = static_cast<int>(in_.size());
+  if (op.matched) return drainInbound(op.peer);
+  bool moved = false;
+  for (int i = 0; i < world; ++i) {
+    int src = op.peer >= 0 ? op.peer : i;
+    if (src == shm.rank() || (op.peer >= 0 && i > 0)) continue;
+    if (takeAside(op, src)) return true;
+    Inbound& in = in_[src];
+    if (in.sink != Sink::kNone) {  // another message from src is in flight: keep it moving
+      moved |= drainInbound(src);
+      if (in.sink != Sink::kNone) continue;
+      if (takeAside(op, src)) return true;
+    }
+    const Slot* slot = shm.tryRecvSlot(kP2PLane, src);
+    if (!slot) continue;
+    const transport::SlotHeader h = slot->hdr;
+    if (h.offset != 0) throw Error(ErrorKind::kDesync, "point-to-point stream from rank " + std::to_string(src) +
+                                                           " is out of step");
+    in.msg_bytes = h.msg_bytes;
+    in.got = 0;
+    if (h.tag == op.tag) {
+      if (h.msg_bytes != op.nbytes) {
+        in.sink = Sink::kDiscard;
+        drainInbound(src);
+        throw Error(ErrorKind::kInvalid, "rank " + std::to_string(src) + " sent " + std::to_string(h.msg_bytes) +
+                                             " bytes with tag " + std::to_string(h.tag) +
+                                             " but the receive posted " + std::to_string(op.nbytes) + " bytes");
+      }
+      in.sink = Sink::kOp;
+      in.op = &op;
+      op.peer = src;
+      op.matched = true;
+      drainInbound(src);
+      return true;
+    }
+    // A message for another receive: set it aside and look again.
+    in.sink = Sink::kUnexpected;
+    in.aside.push_back(Unexpected{h.tag, std::vector<char>(h.msg_bytes), 0});
+    moved |= drainInbound(src);
+  }
+  return moved;
+}
+
+}  // namespace tilecomm::exec

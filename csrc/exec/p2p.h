@@ -1,0 +1,83 @@
+// Point-to-point engine: send, recv and recv-from-any-source on their own lane
+// and their own thread. Many operations progress at once (an isend never
+// waits for the caller, and a batch of sends and receives cannot deadlock);
+// operations between one pair of ranks in one direction stay in order.
+// Messages are matched by (source, tag); a message that arrives before its
+// receive is posted, or ahead of one with another tag, is kept aside.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <list>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "exec/executor.h"
+
+namespace tilecomm::exec {
+
+struct P2POp {
+  bool send = false;
+  int peer = -1;  // -1: any source
+  int tag = 0;
+  char* ptr = nullptr;
+  size_t nbytes = 0;
+  int64_t timeout_ms = 0;
+  /// Called once on the engine thread: (source rank, "" or an error message).
+  std::function<void(int, const std::string&)> done;
+  // progress, owned by the engine
+  size_t progress = 0;
+  bool matched = false;  // receive: its message has been found
+  bool finished = false;
+  Clock::time_point deadline;
+};
+
+class P2PEngine {
+ public:
+  P2PEngine(Executor& exec, std::function<void(const std::string&)> on_fatal);
+  ~P2PEngine();
+  void start();
+  void post(P2POp op);
+
+ private:
+  struct Unexpected {  // a message set aside, possibly still arriving
+    int tag;
+    std::vector<char> data;
+    size_t arrived = 0;
+  };
+  enum class Sink { kNone, kOp, kUnexpected, kDiscard };
+  struct Inbound {  // per source: who takes the slices of the message in flight
+    Sink sink = Sink::kNone;
+    P2POp* op = nullptr;
+    size_t msg_bytes = 0, got = 0;
+    std::deque<Unexpected> aside;
+  };
+
+  void loop();
+  bool pass(std::vector<int>& waiting);
+  bool progressSend(P2POp& op);
+  bool progressRecv(P2POp& op);
+  bool drainInbound(int src);
+  bool takeAside(P2POp& op, int src);
+  void finish(std::list<P2POp>::iterator it, const std::string& err);
+  bool stopping(const std::string& msg) const;
+  static constexpr const char* kStopped = "process group destroyed with point-to-point operations pending";
+
+  Executor& exec_;
+  std::function<void(const std::string&)> on_fatal_;
+  std::vector<Inbound> in_;
+  std::vector<uint64_t> sent_msgs_;
+  std::list<P2POp> pending_;  // in posting order
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<P2POp> incoming_;
+  bool stop_ = false;
+  std::string failed_;
+  std::thread thread_;
+};
+
+}  // namespace tilecomm::exec

@@ -1,0 +1,291 @@
+#include "transport/shm.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <random>
+
+#include "common/error.h"
+#include "kernels/wait.h"
+
+namespace tilecomm {
+
+void throwSystemError(const std::string& what) {
+  throw Error(ErrorKind::kSystem, what + ": " + std::strerror(errno));
+}
+
+namespace transport {
+
+namespace {
+constexpr uint64_t kMagic = 0x746c636f6d6d3031ull;  // "tlcomm01"
+constexpr uint32_t kVersion = 1;
+constexpr size_t kErrorBytes = 1024;
+constexpr const char* kPrefix = "tilecomm-";
+
+std::string randomHex(int bytes) {
+  std::random_device rd;
+  static const char* kHex = "0123456789abcdef";
+  std::string s;
+  for (int i = 0; i < bytes; ++i) {
+    unsigned v = rd() & 0xff;
+    s += kHex[v >> 4];
+    s += kHex[v & 15];
+  }
+  return s;
+}
+
+// Removes segments of ours whose creator died before it could unlink them.
+void sweepStaleSegments() {
+  DIR* dir = opendir("/dev/shm");
+  if (!dir) return;
+  uid_t me = geteuid();
+  while (struct dirent* e = readdir(dir)) {
+    if (std::strncmp(e->d_name, kPrefix, std::strlen(kPrefix)) != 0) continue;
+    long pid = std::strtol(e->d_name + std::strlen(kPrefix), nullptr, 10);
+    if (pid <= 0 || kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    std::string path = std::string("/dev/shm/") + e->d_name;
+    struct stat st;
+    if (stat(path.c_str(), &st) == 0 && st.st_uid == me) shm_unlink((std::string("/") + e->d_name).c_str());
+  }
+  closedir(dir);
+}
+}  // namespace
+
+struct ShmTransport::SegHeader {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t world;
+  uint32_t rank;
+  uint32_t slots;
+  uint32_t slot_bytes;
+  int64_t pid;
+  alignas(64) std::atomic<uint32_t> doorbell;
+  alignas(64) std::atomic<uint32_t> sleepers;
+  alignas(64) std::atomic<uint32_t> abort_from;  // rank + 1 of the first failed rank that told us
+  std::atomic<uint32_t> error_len;               // set once error_msg is complete
+  alignas(64) std::atomic<uint64_t> board_version;  // seqlock: odd while being written
+  std::atomic<uint64_t> board_seq;
+  CollDesc board_desc;
+  alignas(64) char error_msg[kErrorBytes];
+};
+
+ShmTransport::ShmTransport(int rank, int world, const ShmConfig& cfg) : rank_(rank), world_(world), cfg_(cfg) {
+  if (cfg_.slots < 1 || cfg_.slot_bytes < 64 || cfg_.slot_bytes % 64 != 0)
+    throw Error(ErrorKind::kInvalid, "shared-memory slots must be >= 1 and slot bytes a multiple of 64");
+  slot_stride_ = kSlotHeaderBytes + cfg_.slot_bytes;
+  channel_stride_ = 64 + cfg_.slots * slot_stride_;
+  size_t header_bytes = (sizeof(SegHeader) + 63) / 64 * 64;
+  seg_bytes_ = header_bytes + static_cast<size_t>(world) * kNumLanes * channel_stride_;
+  sent_.assign(kNumLanes * world, 0);
+  recvd_.assign(kNumLanes * world, 0);
+  bases_.assign(world, nullptr);
+  pidfds_.assign(world, -1);
+  pids_.assign(world, 0);
+
+  sweepStaleSegments();
+  int fd = -1;
+  for (int attempt = 0; attempt < 8 && fd < 0; ++attempt) {
+    name_ = "/" + std::string(kPrefix) + std::to_string(getpid()) + "-" + randomHex(16);
+    fd = shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, S_IRUSR | S_IWUSR);
+    if (fd < 0 && errno != EEXIST) throwSystemError("shm_open(" + name_ + ")");
+  }
+  if (fd < 0) throwSystemError("shm_open: no free segment name");
+  fchmod(fd, S_IRUSR | S_IWUSR);  // owner-only whatever the umask
+  if (ftruncate(fd, static_cast<off_t>(seg_bytes_)) != 0) {
+    int e = errno;
+    close(fd);
+    shm_unlink(name_.c_str());
+    errno = e;
+    throwSystemError("ftruncate of shared-memory segment (" + std::to_string(seg_bytes_) + " bytes)");
+  }
+  void* p = mmap(nullptr, seg_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) {
+    shm_unlink(name_.c_str());
+    throwSystemError("mmap of shared-memory segment");
+  }
+  bases_[rank] = static_cast<char*>(p);
+  auto* h = new (p) SegHeader();
+  h->version = kVersion;
+  h->world = world;
+  h->rank = rank;
+  h->slots = cfg_.slots;
+  h->slot_bytes = cfg_.slot_bytes;
+  h->pid = getpid();
+  pids_[rank] = getpid();
+  std::atomic_thread_fence(std::memory_order_release);
+  h->magic = kMagic;
+}
+
+ShmTransport::~ShmTransport() {
+  if (!unlinked_ && !name_.empty()) shm_unlink(name_.c_str());
+  for (char* b : bases_)
+    if (b) munmap(b, seg_bytes_);
+  for (int fd : pidfds_)
+    if (fd >= 0) close(fd);
+}
+
+void ShmTransport::connect(const std::vector<std::string>& names, const std::vector<int64_t>& pids) {
+  if (static_cast<int>(names.size()) != world_ || static_cast<int>(pids.size()) != world_)
+    throw Error(ErrorKind::kInvalid, "connect: expected one segment name and pid per rank");
+  for (int r = 0; r < world_; ++r) {
+    pids_[r] = pids[r];
+    if (r == rank_) continue;
+    int fd = shm_open(names[r].c_str(), O_RDWR, 0);
+    if (fd < 0) throwSystemError("shm_open of rank " + std::to_string(r) + "'s segment " + names[r]);
+    struct stat st;
+    if (fstat(fd, &st) != 0 || st.st_uid != geteuid() || static_cast<size_t>(st.st_size) != seg_bytes_) {
+      close(fd);
+      throw Error(ErrorKind::kInvalid, "rank " + std::to_string(r) +
+                                           "'s shared-memory segment has the wrong owner or size "
+                                           "(do all ranks use the same TILECOMM_SHM_* settings?)");
+    }
+    void* p = mmap(nullptr, seg_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) throwSystemError("mmap of rank " + std::to_string(r) + "'s segment");
+    bases_[r] = static_cast<char*>(p);
+    SegHeader* h = header(r);
+    if (h->magic != kMagic || h->version != kVersion || h->world != static_cast<uint32_t>(world_) ||
+        h->rank != static_cast<uint32_t>(r) || h->slots != cfg_.slots || h->slot_bytes != cfg_.slot_bytes)
+      throw Error(ErrorKind::kInvalid, "rank " + std::to_string(r) + "'s shared-memory segment does not match");
+    pidfds_[r] = static_cast<int>(syscall(SYS_pidfd_open, static_cast<pid_t>(pids[r]), 0));
+  }
+}
+
+void ShmTransport::unlinkOwn() {
+  if (!unlinked_) shm_unlink(name_.c_str());
+  unlinked_ = true;
+}
+
+ShmTransport::SegHeader* ShmTransport::header(int r) const { return reinterpret_cast<SegHeader*>(bases_[r]); }
+
+std::atomic<uint64_t>* ShmTransport::consumed(int owner, int src, int lane) const {
+  size_t header_bytes = (sizeof(SegHeader) + 63) / 64 * 64;
+  char* ch = bases_[owner] + header_bytes + (static_cast<size_t>(src) * kNumLanes + lane) * channel_stride_;
+  return reinterpret_cast<std::atomic<uint64_t>*>(ch);
+}
+
+Slot* ShmTransport::slot(int owner, int src, int lane, uint64_t k) const {
+  char* ch = reinterpret_cast<char*>(consumed(owner, src, lane));
+  return reinterpret_cast<Slot*>(ch + 64 + (k % cfg_.slots) * slot_stride_);
+}
+
+Slot* ShmTransport::trySendSlot(int lane, int peer) {
+  uint64_t k = sent_[lane * world_ + peer];
+  // NOTE: the receiver frees slots in order; k - consumed < slots means slot k is free.
+  if (k - consumed(peer, rank_, lane)->load(std::memory_order_acquire) >= cfg_.slots) return nullptr;
+  return slot(peer, rank_, lane, k);
+}
+
+void ShmTransport::commitSend(int lane, int peer) {
+  uint64_t& k = sent_[lane * world_ + peer];
+  slot(peer, rank_, lane, k)->seq.store(k + 1, std::memory_order_release);
+  ++k;
+  ring(peer);
+}
+
+const Slot* ShmTransport::tryRecvSlot(int lane, int peer) {
+  uint64_t k = recvd_[lane * world_ + peer];
+  Slot* s = slot(rank_, peer, lane, k);
+  return s->seq.load(std::memory_order_acquire) == k + 1 ? s : nullptr;
+}
+
+void ShmTransport::releaseRecv(int lane, int peer) {
+  uint64_t& k = recvd_[lane * world_ + peer];
+  ++k;
+  consumed(rank_, peer, lane)->store(k, std::memory_order_release);
+  ring(peer);
+}
+
+void ShmTransport::ring(int peer) {
+  SegHeader* h = header(peer);
+  h->doorbell.fetch_add(1, std::memory_order_seq_cst);
+  if (h->sleepers.load(std::memory_order_seq_cst) != 0) kernels::futexWakeAll(&h->doorbell);
+}
+
+uint32_t ShmTransport::announce() {
+  SegHeader* h = header(rank_);
+  h->sleepers.fetch_add(1, std::memory_order_seq_cst);
+  return h->doorbell.load(std::memory_order_seq_cst);
+}
+
+void ShmTransport::sleep(uint32_t token, int64_t timeout_us) {
+  kernels::futexWait(&header(rank_)->doorbell, token, timeout_us);
+}
+
+void ShmTransport::unannounce() { header(rank_)->sleepers.fetch_sub(1, std::memory_order_seq_cst); }
+
+void ShmTransport::wakeSelf() {
+  SegHeader* h = header(rank_);
+  h->doorbell.fetch_add(1, std::memory_order_seq_cst);
+  kernels::futexWakeAll(&h->doorbell);
+}
+
+int ShmTransport::abortedBy() const { return static_cast<int>(header(rank_)->abort_from.load(std::memory_order_acquire)); }
+
+std::string ShmTransport::peerError(int peer) const {
+  SegHeader* h = header(peer);
+  uint32_t n = h->error_len.load(std::memory_order_acquire);
+  if (n == 0 || n > kErrorBytes) return "(no message)";
+  return std::string(h->error_msg, n);
+}
+
+void ShmTransport::broadcastAbort(const std::string& msg) {
+  SegHeader* me = header(rank_);
+  uint32_t expected = 0;
+  if (me->error_len.load() == 0) {
+    size_t n = std::min(msg.size(), kErrorBytes);
+    std::memcpy(me->error_msg, msg.data(), n);
+    me->error_len.compare_exchange_strong(expected, static_cast<uint32_t>(n), std::memory_order_release);
+  }
+  for (int r = 0; r < world_; ++r) {
+    if (r == rank_ || !bases_[r]) continue;
+    uint32_t none = 0;
+    header(r)->abort_from.compare_exchange_strong(none, static_cast<uint32_t>(rank_ + 1));
+    ring(r);
+  }
+}
+
+int ShmTransport::deadPeer() const {
+  for (int r = 0; r < world_; ++r) {
+    if (r == rank_) continue;
+    if (pidfds_[r] >= 0) {
+      struct pollfd p = {pidfds_[r], POLLIN, 0};
+      if (poll(&p, 1, 0) > 0) return r;
+    } else if (pids_[r] > 0 && kill(static_cast<pid_t>(pids_[r]), 0) != 0 && errno == ESRCH) {
+      return r;
+    }
+  }
+  return -1;
+}
+
+void ShmTransport::publishBoard(const CollDesc& d) {
+  SegHeader* h = header(rank_);
+  uint64_t v = h->board_version.load(std::memory_order_relaxed);
+  h->board_version.store(v + 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  h->board_desc = d;
+  h->board_seq.store(d.seq, std::memory_order_relaxed);
+  h->board_version.store(v + 2, std::memory_order_release);
+}
+
+BoardEntry ShmTransport::readBoard(int peer) const {
+  SegHeader* h = header(peer);
+  for (;;) {
+    uint64_t v1 = h->board_version.load(std::memory_order_acquire);
+    BoardEntry e{h->board_seq.load(std::memory_order_relaxed), h->board_desc};
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (v1 % 2 == 0 && h->board_version.load(std::memory_order_relaxed) == v1) return e;
+  }
+}
+
+}  // namespace transport
+}  // namespace tilecomm

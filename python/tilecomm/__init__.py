@@ -1,0 +1,11 @@
+"""tilecomm: a collective-communication backend for torch.distributed.
+
+``import tilecomm`` registers the backend ``"tilecomm"`` so that
+``dist.init_process_group("tilecomm")`` works.
+"""
+
+__version__ = "0.1.0"
+
+from tilecomm._backend import register as _register  # noqa: E402
+
+_register()

@@ -1,0 +1,261 @@
+"""nccl-tests-style benchmark of torch.distributed collectives.
+
+    python -m tilecomm.bench -b 8 -e 64M -f 2 --np 4 --backend tilecomm,gloo -c 1
+
+Spawns its own ranks (or runs under torchrun) and prints, per collective,
+backend and size, the nccl-tests columns (size, count, type, redop, root,
+time(us), algbw, busbw, #wrong) plus p50/p99 of the per-iteration time (the
+slowest rank's), and the time ratio to the last backend listed (tilecomm/gloo by default). ``--jsonl``
+writes one JSON record per row. Bus bandwidth uses nccl-tests' factors:
+all_reduce 2(p-1)/p; all_gather, reduce_scatter, all_to_all (p-1)/p;
+broadcast, reduce 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+COLLECTIVES = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all"]
+DTYPES = {
+    "float": torch.float32,
+    "float32": torch.float32,
+    "half": torch.float16,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "double": torch.float64,
+    "float64": torch.float64,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+}
+OPS = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
+
+
+def parse_size(s: str) -> int:
+    s = s.strip().upper().rstrip("B")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    if s and s[-1] in mult:
+        return int(float(s[:-1]) * mult[s[-1]])
+    return int(s)
+
+
+def bus_factor(coll: str, p: int) -> float:
+    if coll == "all_reduce":
+        return 2 * (p - 1) / p
+    if coll in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (p - 1) / p
+    return 1.0
+
+
+def sizes(lo: int, hi: int, factor: int):
+    n = lo
+    while n <= hi:
+        yield n
+        n = n * factor if factor > 1 else n + max(1, lo)
+
+
+class Case:
+    """Buffers and one call of a collective on a total buffer of `nbytes`."""
+
+    def __init__(self, coll, nbytes, dtype, op, rank, world, group):
+        self.coll, self.op, self.rank, self.world, self.group = coll, op, rank, world, group
+        esize = torch.empty((), dtype=dtype).element_size()
+        per_rank = coll in ("all_gather", "reduce_scatter", "all_to_all")
+        count = max(nbytes // esize, 0)
+        if per_rank:
+            count = -(-count // world) * world  # a whole block per rank
+        self.count = count
+        self.nbytes = count * esize
+        self.dtype = dtype
+        blk = count // world if per_rank else count
+        self.inp = self._pattern(count if coll in ("reduce_scatter", "all_to_all") else blk)
+        if coll == "all_gather":
+            self.out = torch.empty(count, dtype=dtype)
+        elif coll == "reduce_scatter":
+            self.out = torch.empty(blk, dtype=dtype)
+        elif coll == "all_to_all":
+            self.out = torch.empty(count, dtype=dtype)
+        else:
+            self.out = self.inp
+
+    def _pattern(self, n):
+        # Small integers: exact in every dtype and under sum for any world size.
+        base = (torch.arange(n, dtype=torch.int64) % 7 + self.rank + 1)
+        return base.to(self.dtype)
+
+    def reset(self):
+        if self.coll in ("all_reduce", "reduce", "broadcast"):
+            self.inp.copy_(self._pattern(self.inp.numel()))
+
+    def run(self):
+        c, g = self.coll, self.group
+        if c == "all_reduce":
+            dist.all_reduce(self.inp, op=self.op, group=g)
+        elif c == "all_gather":
+            dist.all_gather_into_tensor(self.out, self.inp, group=g)
+        elif c == "reduce_scatter":
+            dist.reduce_scatter_tensor(self.out, self.inp, op=self.op, group=g)
+        elif c == "broadcast":
+            dist.broadcast(self.inp, src=0, group=g)
+        elif c == "reduce":
+            dist.reduce(self.inp, dst=0, op=self.op, group=g)
+        elif c == "all_to_all":
+            dist.all_to_all_single(self.out, self.inp, group=g)
+
+    def result(self):
+        return self.out
+
+
+def expected(case: Case):
+    """Closed-form result of one call from freshly reset buffers (SUM only), or None."""
+    p, dt, n = case.world, case.dtype, case.count
+
+    def pattern(r, m):
+        return (torch.arange(m, dtype=torch.int64) % 7 + r + 1).to(dt)
+
+    c = case.coll
+    if c == "all_reduce" or (c == "reduce" and case.rank == 0):
+        return sum(pattern(r, n).to(torch.float64) for r in range(p)).to(dt) if p else None
+    if c == "broadcast":
+        return pattern(0, n)
+    if c == "all_gather":
+        return torch.cat([pattern(r, n // p) for r in range(p)])
+    if c == "reduce_scatter":
+        full = sum(pattern(r, n).to(torch.float64) for r in range(p))
+        return full[case.rank * (n // p) : (case.rank + 1) * (n // p)].to(dt)
+    if c == "all_to_all":
+        b = n // p
+        return torch.cat([pattern(r, n)[case.rank * b : (case.rank + 1) * b] for r in range(p)])
+    return None
+
+
+def time_case(case: Case, iters: int, warmup: int, timing_group):
+    for _ in range(warmup):
+        case.reset()
+        case.run()
+    times = torch.zeros(iters, dtype=torch.float64)
+    dist.barrier(group=timing_group)
+    for i in range(iters):
+        if case.coll in ("all_reduce", "reduce"):
+            case.reset()  # keep values small; resetting costs one local copy
+        t0 = time.perf_counter()
+        case.run()
+        times[i] = time.perf_counter() - t0
+    # The slowest rank's time per iteration.
+    dist.all_reduce(times, op=dist.ReduceOp.MAX, group=timing_group)
+    return times
+
+
+def check_case(case: Case, timing_group):
+    case.reset()
+    case.run()
+    exp = expected(case)
+    wrong = 0
+    if exp is not None:
+        wrong = int((case.result().to(torch.float64) != exp.to(torch.float64)).sum())
+    t = torch.tensor([wrong], dtype=torch.int64)
+    dist.all_reduce(t, group=timing_group)
+    return int(t)
+
+
+def _print_rows(coll, world, args, rows, out):
+    """One line per backend; ratio = this backend's mean time / the last backend's (Gloo by default)."""
+    means = [float(t.mean()) for _, _, t, _ in rows if t is not None]
+    ref = means[-1] if means else None
+    for b, case, times, wrong in rows:
+        if times is None:
+            print(f"{b:>10} {case.nbytes:>11} unsupported: {wrong}")
+            continue
+        mean, p50, p99 = float(times.mean()), float(times.quantile(0.5)), float(times.quantile(0.99))
+        algbw = case.nbytes / mean / 1e9 if mean > 0 else 0.0
+        busbw = algbw * bus_factor(coll, world)
+        root = 0 if coll in ("broadcast", "reduce") else -1
+        redop = args.op if coll in ("all_reduce", "reduce_scatter", "reduce") else "none"
+        ratio = mean / ref if ref else float("nan")
+        print(
+            f"{b:>10} {case.nbytes:>11} {case.count:>10} {args.datatype:>8} {redop:>5} {root:>4} "
+            f"{mean * 1e6:>10.2f} {algbw:>8.3f} {busbw:>8.3f} {wrong:>6} {p50 * 1e6:>9.2f} "
+            f"{p99 * 1e6:>9.2f} {ratio:>6.3f}",
+            flush=True,
+        )
+        if out:
+            rec = dict(
+                collective=coll, backend=b, world=world, bytes=case.nbytes, count=case.count,
+                dtype=args.datatype, op=redop, time_us=mean * 1e6, p50_us=p50 * 1e6, p99_us=p99 * 1e6,
+                algbw_gbs=algbw, busbw_gbs=busbw, wrong=wrong, ratio=ratio,
+            )
+            out.write(json.dumps(rec) + "\n")
+            out.flush()
+
+
+def _worker(rank, world, args):
+    backends = [b.strip() for b in args.backend.split(",") if b.strip()]
+    if "tilecomm" in backends:
+        import tilecomm  # noqa: F401,PLC0415
+    dist.init_process_group("gloo" if "tilecomm" not in backends else "tilecomm", rank=rank, world_size=world)
+    groups = {}
+    for b in backends:
+        groups[b] = dist.group.WORLD if (b == "tilecomm" or len(backends) == 1) else dist.new_group(backend=b)
+    timing = groups.get("gloo") or dist.new_group(backend="gloo")
+    dtype = DTYPES[args.datatype]
+    op = OPS[args.op]
+    colls = COLLECTIVES if args.collective == "all" else args.collective.split(",")
+    out = open(args.jsonl, "a") if (args.jsonl and rank == 0) else None
+    for coll in colls:
+        if rank == 0:
+            print(f"\n# {coll}  world={world}  dtype={args.datatype}  op={args.op}")
+            print(
+                f"#{'backend':>9} {'size':>11} {'count':>10} {'type':>8} {'redop':>5} {'root':>4} "
+                f"{'time(us)':>10} {'algbw':>8} {'busbw':>8} {'#wrong':>6} {'p50(us)':>9} {'p99(us)':>9} {'ratio':>6}"
+            )
+        for nbytes in sizes(args.minbytes, args.maxbytes, args.stepfactor):
+            rows = []
+            for b in backends:
+                case = Case(coll, nbytes, dtype, op, rank, world, groups[b])
+                try:
+                    times = time_case(case, args.iters, args.warmup, timing)
+                    wrong = check_case(case, timing) if args.check else 0
+                except (RuntimeError, ValueError) as e:
+                    rows.append((b, case, None, str(e).splitlines()[0][:80]))
+                    continue
+                rows.append((b, case, times, wrong))
+            if rank == 0:
+                _print_rows(coll, world, args, rows, out)
+    if out:
+        out.close()
+    dist.destroy_process_group()
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="python -m tilecomm.bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("-b", "--minbytes", type=parse_size, default=8)
+    p.add_argument("-e", "--maxbytes", type=parse_size, default=1 << 20)
+    p.add_argument("-f", "--stepfactor", type=int, default=2)
+    p.add_argument("-n", "--iters", type=int, default=20)
+    p.add_argument("-w", "--warmup", type=int, default=5)
+    p.add_argument("-c", "--check", type=int, default=1)
+    p.add_argument("-d", "--datatype", default="float", choices=sorted(DTYPES))
+    p.add_argument("-o", "--op", default="sum", choices=sorted(OPS))
+    p.add_argument("--np", type=int, default=4, help="ranks to spawn (ignored under torchrun)")
+    p.add_argument("--backend", default="tilecomm,gloo", help="comma-separated; ratio is relative to the last")
+    p.add_argument("--collective", default="all", help=f"comma-separated of {','.join(COLLECTIVES)}, or all")
+    p.add_argument("--jsonl", default="", help="append one JSON record per row to this file")
+    return p
+
+
+def main(argv=None):
+    from tilecomm import launch  # noqa: PLC0415
+
+    args = build_parser().parse_args(argv)
+    launch.run(_worker, args.np, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+"""Runs a function on N local ranks, or on this rank when started by torchrun."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def _entry(rank, fn, world, port, args):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    fn(rank, world, *args)
+
+
+def run(fn, world: int, *args):
+    """Calls fn(rank, world, *args) on every rank: in this process under torchrun, else in `world` children."""
+    if under_torchrun():
+        fn(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), *args)
+        return
+    mp.spawn(_entry, args=(fn, world, free_port(), args), nprocs=world, join=True)
