@@ -32,6 +32,7 @@ void Engine::addAlgorithm(Algorithm algo) {
   if (algo.schedules.size() != want)
     throw Error(ErrorKind::kInvalid, "algorithm " + algo.name + ": expected " + std::to_string(want) + " schedules");
   uint16_t id = algo.id;
+  if (algo.coll == Coll::kAllToAll) alltoall_id_ = id;
   algos_[id] = std::move(algo);
 }
 
@@ -96,28 +97,6 @@ void Engine::run(const CollCall& c) {
     }
     begin = end;
     exec_->runRound(steps_, desc, c.dtype, c.op, dl, timeout);
-  }
-}
-
-void Engine::allToAll(const char* in, const std::vector<size_t>& in_off, const std::vector<size_t>& in_len,
-                      char* out, const std::vector<size_t>& out_off, const std::vector<size_t>& out_len,
-                      int64_t timeout_ms) {
-  CollDesc desc;
-  desc.seq = ++coll_seq_;
-  desc.coll = Coll::kAllToAll;
-  desc.dtype = DType::kBytes;
-  desc.algo = algorithmId("alltoall_pairwise");
-  shm_->publishBoard(desc);
-  int64_t timeout = timeout_ms > 0 ? timeout_ms : cfg_.timeout_ms;
-  Clock::time_point dl = deadline(timeout);
-  std::copy(in + in_off[rank_], in + in_off[rank_] + in_len[rank_], out + out_off[rank_]);
-  // round k: send block (r + k) to rank r + k, receive block (r - k) from rank r - k.
-  for (int k = 1; k < world_; ++k) {
-    int to = (rank_ + k) % world_, from = (rank_ - k + world_) % world_;
-    steps_.clear();
-    steps_.push_back(Step{StepKind::kSend, to, const_cast<char*>(in) + in_off[to], in_len[to], -1});
-    steps_.push_back(Step{StepKind::kRecvCopy, from, out + out_off[from], out_len[from], -1});
-    exec_->runRound(steps_, desc, DType::kBytes, RedOp::kNone, dl, timeout);
   }
 }
 

@@ -71,6 +71,7 @@ class Engine {
   /// Runs a collective's schedule; call from inside a task (see submit/runNow).
   void run(const CollCall& call);
   /// Pairwise all-to-all over explicit byte ranges (uneven splits); from inside a task.
+  /// Defined in algorithms/alltoall_pairwise.cc.
   void allToAll(const char* in, const std::vector<size_t>& in_off, const std::vector<size_t>& in_len, char* out,
                 const std::vector<size_t>& out_off, const std::vector<size_t>& out_len, int64_t timeout_ms);
 
@@ -98,6 +99,7 @@ class Engine {
   std::map<uint16_t, Algorithm> algos_;
   std::vector<std::vector<std::pair<uint64_t, uint16_t>>> tables_;
   uint64_t coll_seq_ = 0;
+  uint16_t alltoall_id_ = 0;
   std::vector<Step> steps_;  // reused across rounds
 
   mutable std::mutex mu_;

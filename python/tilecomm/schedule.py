@@ -70,6 +70,8 @@ class Schedule:
                         raise ValueError(f"{where}: bad peer {op.peer}")
                     if not (0 <= op.lo <= op.hi <= self.nchunks):
                         raise ValueError(f"{where}: bad chunk range [{op.lo}, {op.hi})")
+                    if op.dep >= len(rnd):
+                        raise ValueError(f"{where}: dep {op.dep} is outside the round")
                     if op.dep >= 0:
                         d = rnd[op.dep]
                         if op.dep == i or (d.lo, d.hi) != (op.lo, op.hi):

@@ -1,0 +1,70 @@
+"""tilecomm.settings: the one table of TILECOMM_* variables, and docs/env.md generated from it."""
+
+import pathlib
+
+import pytest
+
+from tilecomm import settings
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def test_defaults():
+    got = settings.resolve({})
+    assert got == {s.name: s.default for s in settings.SETTINGS}
+    assert got["TILECOMM_ALGO"] == ""
+    assert got["TILECOMM_SHM_SLOTS"] == 4
+    assert got["TILECOMM_SHM_SLOT_BYTES"] == 65536
+    assert got["TILECOMM_SPINS"] == -1
+
+
+def test_every_setting_is_named_tilecomm_and_typed():
+    names = [s.name for s in settings.SETTINGS]
+    assert len(names) == len(set(names))
+    for s in settings.SETTINGS:
+        assert s.name.startswith("TILECOMM_")
+        assert isinstance(s.default, s.kind)
+        assert s.doc.strip()
+
+
+def test_parsing():
+    env = {"TILECOMM_SHM_SLOTS": "8", "TILECOMM_SPINS": "-1", "TILECOMM_ALGO": "ring", "TILECOMM_SLEEP_US": " 100 "}
+    got = settings.resolve(env)
+    assert got["TILECOMM_SHM_SLOTS"] == 8 and isinstance(got["TILECOMM_SHM_SLOTS"], int)
+    assert got["TILECOMM_SPINS"] == -1
+    assert got["TILECOMM_ALGO"] == "ring"
+    assert got["TILECOMM_SLEEP_US"] == 100
+    assert got["TILECOMM_YIELDS"] == 8  # untouched settings keep their defaults
+
+
+def test_empty_means_default():
+    assert settings.resolve({"TILECOMM_SHM_SLOTS": ""})["TILECOMM_SHM_SLOTS"] == 4
+
+
+def test_unrelated_variables_are_ignored():
+    assert settings.resolve({"TILECOMM_NOT_A_SETTING": "x", "PATH": "/bin"}) == settings.resolve({})
+
+
+@pytest.mark.parametrize("raw", ["eight", "1.5", "0x10", "4k"])
+def test_bad_int_raises_value_error_naming_the_variable(raw):
+    with pytest.raises(ValueError, match=r"TILECOMM_SHM_SLOTS=.*expected int"):
+        settings.resolve({"TILECOMM_SHM_SLOTS": raw})
+
+
+def test_reads_the_process_environment_by_default(monkeypatch):
+    monkeypatch.setenv("TILECOMM_YIELDS", "3")
+    monkeypatch.delenv("TILECOMM_SHM_SLOTS", raising=False)
+    got = settings.resolve()
+    assert got["TILECOMM_YIELDS"] == 3
+    assert got["TILECOMM_SHM_SLOTS"] == 4
+
+
+def test_markdown_lists_every_setting():
+    md = settings.markdown()
+    for s in settings.SETTINGS:
+        assert f"`{s.name}`" in md
+
+
+def test_docs_env_md_is_current():
+    path = ROOT / "docs" / "env.md"
+    assert path.read_text() == settings.markdown(), "regenerate: python -m tilecomm.settings > docs/env.md"
