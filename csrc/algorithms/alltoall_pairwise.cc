@@ -13,6 +13,7 @@ namespace tilecomm::exec {
 void Engine::allToAll(const char* in, const std::vector<size_t>& in_off, const std::vector<size_t>& in_len,
                       char* out, const std::vector<size_t>& out_off, const std::vector<size_t>& out_len,
                       int64_t timeout_ms) {
+  exec_->checkAborted();
   CollDesc desc;
   desc.seq = ++coll_seq_;
   desc.coll = Coll::kAllToAll;

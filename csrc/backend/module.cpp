@@ -65,13 +65,14 @@ PYBIND11_MODULE(_C, m) {
            })
       .def("unlink_own", &exec::Engine::unlinkOwn)
       .def("add_algorithm",
-           [](exec::Engine& e, int id, const std::string& name, int coll, bool rooted,
+           [](exec::Engine& e, int id, const std::string& name, int coll, bool rooted, bool direct,
               const std::vector<std::pair<uint32_t, std::vector<PyRound>>>& schedules) {
              exec::Algorithm a;
              a.id = static_cast<uint16_t>(id);
              a.name = name;
              a.coll = static_cast<Coll>(coll);
              a.rooted = rooted;
+             a.direct = direct;
              for (const auto& [nchunks, rounds] : schedules) a.schedules.push_back(toSchedule(nchunks, rounds));
              translate([&] { e.addAlgorithm(std::move(a)); });
            })

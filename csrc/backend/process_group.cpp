@@ -208,6 +208,8 @@ void finishAverage(at::Tensor& t, const c10d::ReduceOp& op, int size) {
   if (op.op_ != c10d::ReduceOp::AVG) return;
   if (at::isIntegralType(t.scalar_type(), /*includeBool=*/false)) {
     t.div_(size, "trunc");
+  } else if (t.is_complex()) {
+    at::view_as_real(t).div_(size);  // per component, correctly rounded (complex division is not)
   } else {
     t.div_(size);
   }

@@ -14,11 +14,15 @@ Engine::Engine(int rank, int world, const EngineConfig& cfg)
 }
 
 Engine::~Engine() {
+  // NOTE: peers are not told; they may still be finishing a collective whose
+  // messages from us already sit in their inboxes.
+  exec_->requestStop();
+  shm_->wakeSelf();
   {
     std::unique_lock<std::mutex> lk(mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  worker_cv_.notify_all();
   if (worker_.joinable()) worker_.join();
   p2p_.reset();  // joins its thread before the transport goes away
 }
@@ -28,11 +32,14 @@ void Engine::connect(const std::vector<std::string>& names, const std::vector<in
 }
 
 void Engine::addAlgorithm(Algorithm algo) {
-  size_t want = algo.rooted ? static_cast<size_t>(world_) : 1;
+  if (algo.direct && !algo::findDirect(algo.name) && algo.coll != Coll::kAllToAll)
+    throw Error(ErrorKind::kInvalid, "direct algorithm " + algo.name + " has no implementation in this build");
+  size_t want = algo.direct ? 0 : algo.rooted ? static_cast<size_t>(world_) : 1;
   if (algo.schedules.size() != want)
     throw Error(ErrorKind::kInvalid, "algorithm " + algo.name + ": expected " + std::to_string(want) + " schedules");
   uint16_t id = algo.id;
   if (algo.coll == Coll::kAllToAll) alltoall_id_ = id;
+  if (algo::DirectFn fn = algo::findDirect(algo.name)) direct_[id] = fn;
   algos_[id] = std::move(algo);
 }
 
@@ -72,6 +79,7 @@ Clock::time_point Engine::deadline(int64_t timeout_ms) const {
 
 void Engine::run(const CollCall& c) {
   const Algorithm& algo = algos_.at(c.algo);
+  exec_->checkAborted();
   CollDesc desc;
   desc.seq = ++coll_seq_;
   desc.count = c.desc_count;
@@ -83,6 +91,11 @@ void Engine::run(const CollCall& c) {
   shm_->publishBoard(desc);
   int64_t timeout = c.timeout_ms > 0 ? c.timeout_ms : cfg_.timeout_ms;
   Clock::time_point dl = deadline(timeout);
+  auto direct = direct_.find(c.algo);
+  if (direct != direct_.end()) {
+    direct->second(algo::DirectArgs{*exec_, rank_, world_, c.buf, c.count, c.dtype, c.op, desc, dl, timeout, scratch_});
+    return;
+  }
   int shift = algo.rooted ? c.root : 0;
   const Schedule& s = algo.rooted ? algo.schedules[(rank_ - shift + world_) % world_] : algo.schedules[0];
   size_t elem = dtypeSize(c.dtype);
@@ -104,33 +117,46 @@ void Engine::submit(Task task) {
   std::unique_lock<std::mutex> lk(mu_);
   queue_.emplace_back(next_ticket_++, std::move(task));
   lk.unlock();
-  cv_.notify_all();
+  worker_cv_.notify_one();
 }
 
 void Engine::runNow(Task task) {
   std::unique_lock<std::mutex> lk(mu_);
   uint64_t ticket = next_ticket_++;
-  cv_.wait(lk, [&] { return serving_ == ticket; });
+  if (serving_ != ticket) {
+    ++turn_waiters_;
+    turn_cv_.wait(lk, [&] { return serving_ == ticket; });
+    --turn_waiters_;
+  }
   lk.unlock();
   task();  // tasks report their own errors through their Work
   lk.lock();
+  advance(lk);
+}
+
+void Engine::advance(std::unique_lock<std::mutex>& lk) {
   ++serving_;
+  bool worker_next = !queue_.empty() && queue_.front().first == serving_;
+  bool callers = turn_waiters_ > 0;
   lk.unlock();
-  cv_.notify_all();
+  if (worker_next) worker_cv_.notify_one();
+  if (callers) turn_cv_.notify_all();
 }
 
 void Engine::workerLoop() {
   std::unique_lock<std::mutex> lk(mu_);
   for (;;) {
-    cv_.wait(lk, [&] { return (!queue_.empty() && queue_.front().first == serving_) || (stop_ && queue_.empty()); });
+    worker_cv_.wait(lk, [&] {
+      return (!queue_.empty() && queue_.front().first == serving_) || (stop_ && queue_.empty());
+    });
     if (queue_.empty()) return;
     Task task = std::move(queue_.front().second);
     queue_.pop_front();
     lk.unlock();
     task();
     lk.lock();
-    ++serving_;
-    cv_.notify_all();
+    advance(lk);
+    lk.lock();
   }
 }
 

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "algorithms/direct.h"
 #include "common/types.h"
 #include "exec/executor.h"
 #include "exec/p2p.h"
@@ -88,6 +89,8 @@ class Engine {
 
  private:
   void workerLoop();
+  /// Marks the running task done and wakes whoever runs next. Unlocks lk.
+  void advance(std::unique_lock<std::mutex>& lk);
   Clock::time_point deadline(int64_t timeout_ms) const;
 
   int rank_;
@@ -100,10 +103,16 @@ class Engine {
   std::vector<std::vector<std::pair<uint64_t, uint16_t>>> tables_;
   uint64_t coll_seq_ = 0;
   uint16_t alltoall_id_ = 0;
+  std::map<uint16_t, algo::DirectFn> direct_;
+  std::vector<char> scratch_;  // direct algorithms' receive slots
   std::vector<Step> steps_;  // reused across rounds
 
   mutable std::mutex mu_;
-  std::condition_variable cv_;
+  // NOTE: two condition variables, so that a synchronous call never wakes the
+  // idle worker thread (a wasted context switch per call when ranks share cores).
+  std::condition_variable worker_cv_;  // the worker: its next task became runnable, or stop
+  std::condition_variable turn_cv_;    // synchronous callers waiting for their ticket
+  int turn_waiters_ = 0;
   std::deque<std::pair<uint64_t, Task>> queue_;
   uint64_t next_ticket_ = 0;
   uint64_t serving_ = 0;

@@ -93,18 +93,26 @@ void Executor::runRound(std::vector<Step>& steps, const CollDesc& desc, DType dt
       &desc, nullptr, deadline, timeout_ms);
 }
 
+void Executor::checkAborted() const {
+  if (stop_.load(std::memory_order_acquire)) throw Error(ErrorKind::kAborted, "the process group was destroyed");
+  if (int a = shm_.abortedBy())
+    throw Error(ErrorKind::kAborted, "rank " + std::to_string(a - 1) + " failed: " + shm_.peerError(a - 1));
+}
+
 void Executor::checkFailures(const WaitScope& scope) {
   int me = shm_.rank();
-  if (int a = shm_.abortedBy()) {
-    throw Error(ErrorKind::kAborted, "rank " + std::to_string(a - 1) + " failed: " + shm_.peerError(a - 1));
-  }
+  checkAborted();
   std::string where = scope.desc ? scope.desc->describe() + " (collective #" + std::to_string(scope.desc->seq) + ")"
                                  : std::string("point-to-point ") + scope.what;
-  int dead = shm_.deadPeer();
-  if (dead >= 0 && std::find(scope.peers->begin(), scope.peers->end(), dead) != scope.peers->end()) {
-    throw Error(ErrorKind::kPeerFailed, "rank " + std::to_string(dead) + " (pid " +
-                                            std::to_string(shm_.peerPid(dead)) + ") exited while rank " +
-                                            std::to_string(me) + " was waiting for it in " + where);
+  bool any = std::find(scope.peers->begin(), scope.peers->end(), -1) != scope.peers->end();
+  int dead = any ? shm_.deadPeer(/*all=*/true) : shm_.deadPeer(false);
+  bool waited = any || std::find(scope.peers->begin(), scope.peers->end(), dead) != scope.peers->end();
+  if (dead >= 0 && waited) {
+    throw Error(ErrorKind::kPeerFailed, (any ? std::string("every other rank has exited; the last seen was rank ")
+                                             : std::string("rank ")) +
+                                            std::to_string(dead) + " (pid " + std::to_string(shm_.peerPid(dead)) +
+                                            ") exited while rank " + std::to_string(me) + " was waiting for it in " +
+                                            where);
   }
   if (scope.desc) {
     for (int p : *scope.peers) {
@@ -113,23 +121,31 @@ void Executor::checkFailures(const WaitScope& scope) {
         throw Error(ErrorKind::kDesync, desyncMessage(me, *scope.desc, p, b.desc));
     }
   }
-  if (Clock::now() >= scope.deadline) {
-    std::string peers;
-    for (int p : *scope.peers) {
-      if (!peers.empty()) peers += ", ";
-      peers += p < 0 ? std::string("any rank") : std::to_string(p);
+  if (Clock::now() >= scope.deadline) throw Error(ErrorKind::kTimeout, timeoutMessage(scope, where));
+}
+
+std::string Executor::timeoutMessage(const WaitScope& scope, const std::string& where) const {
+  int me = shm_.rank();
+  std::string msg = "timed out after " + std::to_string(scope.timeout_ms) + " ms in " + where + " on rank " +
+                    std::to_string(me);
+  if (scope.desc) {
+    // The ranks that never reached this collective are the ones to name, even
+    // when we wait for them only through a neighbour.
+    std::string behind;
+    for (int r = 0; r < shm_.world(); ++r) {
+      if (r == me) continue;
+      transport::BoardEntry b = shm_.readBoard(r);
+      if (b.seq >= scope.desc->seq) continue;
+      behind += "; rank " + std::to_string(r) +
+                (b.seq == 0 ? std::string(" has not started any collective")
+                            : " never reached it (last started collective #" + std::to_string(b.seq) + " " +
+                                  b.desc.describe() + ")");
     }
-    std::string msg = "timed out after " + std::to_string(scope.timeout_ms) + " ms in " + where +
-                      " on rank " + std::to_string(me) + " waiting for rank " + peers;
-    if (scope.desc && !scope.peers->empty() && scope.peers->front() >= 0) {
-      int p = scope.peers->front();
-      transport::BoardEntry b = shm_.readBoard(p);
-      msg += b.seq == 0 ? "; rank " + std::to_string(p) + " has not started any collective"
-                        : "; rank " + std::to_string(p) + " last started collective #" + std::to_string(b.seq) +
-                              " " + b.desc.describe();
-    }
-    throw Error(ErrorKind::kTimeout, msg);
+    if (!behind.empty()) return msg + behind;
   }
+  std::string peers;
+  for (int p : *scope.peers) peers += (peers.empty() ? "" : ", ") + (p < 0 ? std::string("any rank") : std::to_string(p));
+  return msg + " waiting for rank " + peers;
 }
 
 void Executor::sleepOnDoorbell(uint32_t token, Clock::time_point deadline) {

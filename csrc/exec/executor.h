@@ -9,6 +9,7 @@
 // sent yet.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -44,7 +45,7 @@ using Clock = std::chrono::steady_clock;
 /// Why a wait is happening, for error messages.
 struct WaitScope {
   const CollDesc* desc;            // collective being run, or nullptr for point-to-point
-  const std::vector<int>* peers;   // peers we are waiting on
+  const std::vector<int>* peers;   // peers we are waiting on (-1: any peer)
   const char* what;                // e.g. "send to", used for point-to-point
   Clock::time_point deadline;
   int64_t timeout_ms;
@@ -67,6 +68,11 @@ class Executor {
   template <typename Pass>
   void drive(Pass&& pass, const CollDesc* desc, const char* what, Clock::time_point deadline, int64_t timeout_ms);
 
+  /// Makes every current and later wait throw (the group is being destroyed).
+  void requestStop() { stop_.store(true, std::memory_order_release); }
+  /// Throws if a peer told us the group failed (checked before each collective).
+  void checkAborted() const;
+
   transport::ShmTransport& shm() { return shm_; }
   const WaitConfig& waitConfig() const { return wc_; }
 
@@ -74,10 +80,12 @@ class Executor {
   bool progressSend(Step& s, std::vector<Step>& steps, const CollDesc& desc);
   bool progressRecv(Step& s, std::vector<Step>& steps, const CollDesc& desc, DType dtype, RedOp op);
   void checkFailures(const WaitScope& scope);
+  std::string timeoutMessage(const WaitScope& scope, const std::string& where) const;
   void sleepOnDoorbell(uint32_t token, Clock::time_point deadline);
 
   transport::ShmTransport& shm_;
   WaitConfig wc_;
+  std::atomic<bool> stop_{false};
 };
 
 template <typename Pass>
@@ -94,7 +102,7 @@ void Executor::drive(Pass&& pass, const CollDesc* desc, const char* what, Clock:
       continue;
     }
     WaitScope scope{desc, &waiting, what, deadline, timeout_ms};
-    if (shm_.abortedBy()) checkFailures(scope);
+    if (shm_.abortedBy() || stop_.load(std::memory_order_relaxed)) checkFailures(scope);
     if (!backoff.idle()) continue;
     // NOTE: announce before the last pass; a peer that publishes after it sees
     // the announcement and moves the doorbell, so the sleep returns at once.

@@ -31,6 +31,7 @@ struct Algorithm {
   std::string name;
   Coll coll = Coll::kAllReduce;
   bool rooted = false;
+  bool direct = false;  // run by the engine itself (csrc/algorithms/), no schedule
   // Not rooted: one schedule, this rank's. Rooted: one per rank relative to the
   // root ("vrank" = (rank - root) mod p), generated for root 0 and rotated.
   std::vector<Schedule> schedules;

@@ -254,17 +254,22 @@ void ShmTransport::broadcastAbort(const std::string& msg) {
   }
 }
 
-int ShmTransport::deadPeer() const {
+int ShmTransport::deadPeer(bool all) const {
+  int found = -1;
   for (int r = 0; r < world_; ++r) {
     if (r == rank_) continue;
+    bool dead;
     if (pidfds_[r] >= 0) {
       struct pollfd p = {pidfds_[r], POLLIN, 0};
-      if (poll(&p, 1, 0) > 0) return r;
-    } else if (pids_[r] > 0 && kill(static_cast<pid_t>(pids_[r]), 0) != 0 && errno == ESRCH) {
-      return r;
+      dead = poll(&p, 1, 0) > 0;
+    } else {
+      dead = pids_[r] > 0 && kill(static_cast<pid_t>(pids_[r]), 0) != 0 && errno == ESRCH;
     }
+    if (dead && !all) return r;
+    if (!dead && all) return -1;
+    if (dead) found = r;
   }
-  return -1;
+  return found;
 }
 
 void ShmTransport::publishBoard(const CollDesc& d) {

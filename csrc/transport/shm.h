@@ -95,8 +95,9 @@ class ShmTransport {
   std::string peerError(int peer) const;
   /// Records msg in our segment and tells every peer that we failed.
   void broadcastAbort(const std::string& msg);
-  /// First peer whose process has exited, or -1.
-  int deadPeer() const;
+  /// First peer whose process has exited, or -1. With all=true: the last peer,
+  /// and only when every peer has exited.
+  int deadPeer(bool all) const;
   int64_t peerPid(int peer) const { return pids_[peer]; }
 
   // ---- board ----

@@ -108,11 +108,11 @@ def create(opts, pg_options=None):
 
     for algo in algorithms.ALGORITHMS:
         if algo.direct:
-            scheds = [(1, [])]
+            scheds = []
         else:
             s = algo.schedule(world)
             scheds = [s.for_rank(v) for v in range(world)] if algo.rooted else [s.for_rank(rank)]
-        engine.add_algorithm(algo.id, algo.name, algo.coll_id, algo.rooted, scheds)
+        engine.add_algorithm(algo.id, algo.name, algo.coll_id, algo.rooted, algo.direct, scheds)
     for coll, table in agreed["tables"].items():
         engine.set_table(algorithms.COLLECTIVES.index(coll), [tuple(e) for e in table])
     if cfg["TILECOMM_DEBUG"].upper() == "INFO" and rank == 0:

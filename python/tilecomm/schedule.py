@@ -97,61 +97,64 @@ class CostTerms:
 def critical_path(schedule: Schedule) -> int:
     """Message latencies on the longest chain of dependent messages.
 
-    A message is delivered one unit after both its sender's and its receiver's
-    rounds have started (a forwarding send starts when the receive it forwards
-    is delivered); a round ends when its last message is delivered.
+    A message is delivered one unit after its sender is ready (its round has
+    started; for a forwarding send, the receive it forwards is delivered) and
+    its receiver's round has started. A round ends when its last message is
+    delivered; a rank's next round starts then.
     """
     ranks = schedule.ranks
     p = len(ranks)
-    delivered: dict[tuple[int, int, int], int] = {}  # (src, dst, n-th message) -> time
-    # Start times of the send side of each message, filled as ranks advance.
-    send_start: dict[tuple[int, int, int], int] = {}
-    pos = [0] * p  # next round per rank
-    now = [0] * p  # start time of that round
-    sent = [[0] * p for _ in range(p)]
-    got = [[0] * p for _ in range(p)]
-    progress = True
-    while progress:
-        progress = False
-        for r in range(p):
-            while pos[r] < len(ranks[r]):
-                rnd = ranks[r][pos[r]]
-                t0 = now[r]
-                keys = []
-                for op in rnd:
-                    if op.kind == SEND:
-                        key = (r, op.peer, sent[r][op.peer] + sum(1 for o in keys if o[0] == "s" and o[1] == op.peer))
-                        keys.append(("s", op.peer, key))
-                    else:
-                        key = (op.peer, r, got[r][op.peer] + sum(1 for o in keys if o[0] == "r" and o[1] == op.peer))
-                        keys.append(("r", op.peer, key))
-                for op, (side, _, key) in zip(rnd, keys):
-                    if side == "s" and key not in send_start:
-                        send_start[key] = t0
-                # A receive needs its sender to have reached the matching round.
-                if any(side == "r" and key not in send_start for side, _, key in keys):
-                    break
-                end = t0
-                times = {}
-                for i, (op, (side, _, key)) in enumerate(zip(rnd, keys)):
-                    if side == "r":
-                        times[i] = max(t0, send_start[key]) + 1
-                for i, (op, (side, _, key)) in enumerate(zip(rnd, keys)):
-                    if side == "s":
-                        begin = times.get(op.dep, t0) if op.dep >= 0 else t0
-                        times[i] = begin + 1
-                end = max([end] + list(times.values()))
-                for op, (side, peer, key) in zip(rnd, keys):
-                    if side == "s":
-                        sent[r][peer] += 1
-                    else:
-                        got[r][peer] += 1
-                now[r] = end
-                pos[r] += 1
-                progress = True
-    if any(pos[r] < len(ranks[r]) for r in range(p)):
-        raise ValueError("schedule deadlocks: some receive never meets its send")
-    return max(now, default=0)
+    # Match the n-th send from i to j with the n-th receive at j from i.
+    sends: dict[tuple[int, int, int], tuple[int, int, int]] = {}
+    recvs: dict[tuple[int, int, int], tuple[int, int, int]] = {}
+    partner: dict[tuple[int, int, int], tuple[int, int, int]] = {}  # (rank, round, op) -> message key
+    for r in range(p):
+        count: dict[tuple[str, int], int] = {}
+        for k, rnd in enumerate(ranks[r]):
+            for i, op in enumerate(rnd):
+                side = "s" if op.kind == SEND else "r"
+                n = count.get((side, op.peer), 0)
+                count[(side, op.peer)] = n + 1
+                key = (r, op.peer, n) if side == "s" else (op.peer, r, n)
+                (sends if side == "s" else recvs)[key] = (r, k, i)
+                partner[(r, k, i)] = key
+    if sends.keys() != recvs.keys():
+        raise ValueError("schedule has unmatched sends or receives")
+
+    memo_start: dict[tuple[int, int], int] = {}
+    memo_msg: dict[tuple[int, int, int], int] = {}
+    busy: set = set()
+
+    def round_start(r, k):
+        if k == 0:
+            return 0
+        if (r, k) not in memo_start:
+            rnd = ranks[r][k - 1]
+            memo_start[(r, k)] = max([round_start(r, k - 1)] + [delivered(partner[(r, k - 1, i)]) for i in range(len(rnd))])
+        return memo_start[(r, k)]
+
+    def delivered(key):
+        if key in memo_msg:
+            return memo_msg[key]
+        if key in busy:
+            raise ValueError("schedule deadlocks: a chain of messages waits on itself")
+        busy.add(key)
+        rs, ks, i = sends[key]
+        rr, kr, _ = recvs[key]
+        op = ranks[rs][ks][i]
+        ready = delivered(partner[(rs, ks, op.dep)]) if op.dep >= 0 else round_start(rs, ks)
+        memo_msg[key] = max(ready, round_start(rr, kr)) + 1
+        busy.discard(key)
+        return memo_msg[key]
+
+    import sys
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 100000))
+    try:
+        return max((round_start(r, len(ranks[r])) for r in range(p)), default=0)
+    finally:
+        sys.setrecursionlimit(limit)
 
 
 def cost_terms(schedule: Schedule) -> CostTerms:

@@ -24,7 +24,12 @@ def test_bare_short_name_applies_to_every_collective_that_has_it():
 
 
 def test_bare_name_for_one_collective():
-    assert selector.parse_forced("recursive_doubling") == ids("allreduce_recursive_doubling")
+    assert selector.parse_forced("rabenseifner") == ids("allreduce_rabenseifner")
+
+
+def test_bare_name_applies_to_every_collective_that_has_it():
+    got = selector.parse_forced("recursive_doubling")
+    assert got == ids("allreduce_recursive_doubling", "allgather_recursive_doubling")
 
 
 def test_full_ids():
@@ -95,12 +100,21 @@ def lookup(table, nbytes):
     raise AssertionError("table does not cover %d" % nbytes)
 
 
-def test_allreduce_p8_small_is_recursive_doubling_large_is_ring():
-    table = selector.build_table("all_reduce", 8, {})
-    for n in (0, 1, 8, 1024):
-        assert lookup(table, n) == "allreduce_recursive_doubling"
-    for n in (1 << 30, 1 << 40, selector.MAX_BYTES):
-        assert lookup(table, n) == "allreduce_ring"
+@pytest.mark.parametrize("p", [2, 3, 4, 8, 16])
+@pytest.mark.parametrize("coll", ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce"])
+def test_small_sizes_pick_fewest_rounds_large_sizes_fewest_bytes(coll, p):
+    """Latency-optimal for tiny messages, bandwidth-optimal for huge ones (from the cost terms)."""
+    prof = selector.DEFAULT_PROFILE
+    table = selector.build_table(coll, p, {})
+    terms = {a.name: selector.terms(a, p) for a in algorithms.for_collective(coll)}
+    small = terms[lookup(table, 1)]
+    assert small.rounds == min(t.rounds for t in terms.values())
+
+    def per_byte(t):
+        return t.wire * prof["beta_s_per_byte"] + t.reduced * prof["gamma_s_per_byte"]
+
+    large = terms[lookup(table, 1 << 40)]
+    assert per_byte(large) == pytest.approx(min(per_byte(t) for t in terms.values()))
 
 
 @pytest.mark.parametrize("p", [1, 2, 3, 4, 5, 7, 8, 13, 16])

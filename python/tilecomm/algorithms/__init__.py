@@ -26,6 +26,17 @@ _MODULES = [
     "barrier_dissemination",
     "reduce_reduce_scatter_gather",
     "broadcast_scatter_allgather",
+    "allreduce_rabenseifner",
+    "allreduce_tree",
+    "allgather_recursive_doubling",
+    "allgather_direct",
+    "reducescatter_recursive_halving",
+    "broadcast_pipelined_chain",
+    "gather_binomial_tree",
+    "scatter_binomial_tree",
+    "allreduce_one_shot",
+    "allreduce_two_shot",
+    "reducescatter_direct",
 ]
 
 # The engine's numbering of collectives (csrc/common/types.h, enum Coll).

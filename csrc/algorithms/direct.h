@@ -1,0 +1,42 @@
+// Direct algorithms: run by the engine itself rather than from a schedule,
+// because they end with a local step a schedule cannot express (a reduction of
+// received blocks in rank order). Each lives in its own file; its cost terms are
+// declared next to its Python registration (python/tilecomm/algorithms/<id>.py).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "exec/executor.h"
+
+namespace tilecomm::algo {
+
+struct DirectArgs {
+  exec::Executor& exec;
+  int rank;
+  int world;
+  char* buf;       // the collective's buffer (see the engine's buffer conventions)
+  uint64_t count;  // elements in buf
+  DType dtype;
+  RedOp op;
+  const CollDesc& desc;
+  exec::Clock::time_point deadline;
+  int64_t timeout_ms;
+  std::vector<char>& scratch;  // reused across calls
+};
+
+using DirectFn = void (*)(const DirectArgs&);
+
+/// The direct algorithm registered under `name`, or nullptr.
+DirectFn findDirect(const std::string& name);
+
+void allreduceOneShot(const DirectArgs& a);
+void allreduceTwoShot(const DirectArgs& a);
+void reducescatterDirect(const DirectArgs& a);
+
+/// Shared by two_shot and reducescatter_direct: with buf cut into `world`
+/// chunks, send chunk j to rank j and leave in chunk `rank` the reduction of
+/// every rank's chunk `rank`, combined in rank order 0, 1, .., p-1.
+void scatterReduce(const DirectArgs& a);
+
+}  // namespace tilecomm::algo
