@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -171,7 +172,7 @@ def _print_rows(coll, world, args, rows, out):
     ref = means[-1] if means else None
     for b, case, times, wrong in rows:
         if times is None:
-            print(f"{b:>10} {case.nbytes:>11} unsupported: {wrong}")
+            print(f"{b:>30} {case.nbytes:>11} failed: {wrong}")
             continue
         mean, p50, p99 = float(times.mean()), float(times.quantile(0.5)), float(times.quantile(0.99))
         algbw = case.nbytes / mean / 1e9 if mean > 0 else 0.0
@@ -180,7 +181,7 @@ def _print_rows(coll, world, args, rows, out):
         redop = args.op if coll in ("all_reduce", "reduce_scatter", "reduce") else "none"
         ratio = mean / ref if ref else float("nan")
         print(
-            f"{b:>10} {case.nbytes:>11} {case.count:>10} {args.datatype:>8} {redop:>5} {root:>4} "
+            f"{b:>30} {case.nbytes:>11} {case.count:>10} {args.datatype:>8} {redop:>5} {root:>4} "
             f"{mean * 1e6:>10.2f} {algbw:>8.3f} {busbw:>8.3f} {wrong:>6} {p50 * 1e6:>9.2f} "
             f"{p99 * 1e6:>9.2f} {ratio:>6.3f}",
             flush=True,
@@ -195,29 +196,49 @@ def _print_rows(coll, world, args, rows, out):
             out.flush()
 
 
+def _algo_groups(coll, spec, world):
+    """{"tilecomm:<algo>": group} for each algorithm of coll named in spec ("all" or a comma list)."""
+    from tilecomm import algorithms  # noqa: PLC0415
+
+    wanted = [a.short for a in algorithms.for_collective(coll)] if spec == "all" else spec.split(",")
+    groups = {}
+    for a in algorithms.for_collective(coll):
+        if a.short in wanted or a.name in wanted:
+            # Rank 0's settings are read at group creation: this group runs only this algorithm.
+            os.environ["TILECOMM_ALGO"] = f"{coll}:{a.short}"
+            groups[f"tilecomm:{a.short}"] = dist.new_group(backend="tilecomm")
+    os.environ.pop("TILECOMM_ALGO", None)
+    return groups
+
+
 def _worker(rank, world, args):
     backends = [b.strip() for b in args.backend.split(",") if b.strip()]
     if "tilecomm" in backends:
         import tilecomm  # noqa: F401,PLC0415
     dist.init_process_group("gloo" if "tilecomm" not in backends else "tilecomm", rank=rank, world_size=world)
-    groups = {}
+    base = {}
     for b in backends:
-        groups[b] = dist.group.WORLD if (b == "tilecomm" or len(backends) == 1) else dist.new_group(backend=b)
-    timing = groups.get("gloo") or dist.new_group(backend="gloo")
+        base[b] = dist.group.WORLD if (b == "tilecomm" or len(backends) == 1) else dist.new_group(backend=b)
+    timing = base.get("gloo") or dist.new_group(backend="gloo")
     dtype = DTYPES[args.datatype]
     op = OPS[args.op]
     colls = COLLECTIVES if args.collective == "all" else args.collective.split(",")
     out = open(args.jsonl, "a") if (args.jsonl and rank == 0) else None
     for coll in colls:
+        groups = dict(base)
+        if args.algo and "tilecomm" in backends:
+            extra = _algo_groups(coll, args.algo, world)
+            # Order: tilecomm (auto), each algorithm, then the other backends (the ratio's base last).
+            groups = {"tilecomm": base["tilecomm"], **extra, **{b: g for b, g in base.items() if b != "tilecomm"}}
         if rank == 0:
             print(f"\n# {coll}  world={world}  dtype={args.datatype}  op={args.op}")
             print(
-                f"#{'backend':>9} {'size':>11} {'count':>10} {'type':>8} {'redop':>5} {'root':>4} "
+                f"#{'backend':>29} {'size':>11} {'count':>10} {'type':>8} {'redop':>5} {'root':>4} "
                 f"{'time(us)':>10} {'algbw':>8} {'busbw':>8} {'#wrong':>6} {'p50(us)':>9} {'p99(us)':>9} {'ratio':>6}"
             )
         for nbytes in sizes(args.minbytes, args.maxbytes, args.stepfactor):
             rows = []
-            for b in backends:
+            for b in groups:
                 case = Case(coll, nbytes, dtype, op, rank, world, groups[b])
                 try:
                     times = time_case(case, args.iters, args.warmup, timing)
@@ -246,6 +267,7 @@ def build_parser():
     p.add_argument("--np", type=int, default=4, help="ranks to spawn (ignored under torchrun)")
     p.add_argument("--backend", default="tilecomm,gloo", help="comma-separated; ratio is relative to the last")
     p.add_argument("--collective", default="all", help=f"comma-separated of {','.join(COLLECTIVES)}, or all")
+    p.add_argument("--algo", default="", help="also time tilecomm with each named algorithm forced (or 'all')")
     p.add_argument("--jsonl", default="", help="append one JSON record per row to this file")
     return p
 

@@ -80,6 +80,36 @@ class Schedule:
                             raise ValueError(f"{where}: dep must pair a send with a receive")
 
 
+class Fold:
+    """The standard fold of p ranks onto q = 2^floor(log2 p), for the recursive algorithms.
+
+    The first 2e ranks (e = p - q) pair up: each even one hands its data to its odd
+    neighbour and sits out; the odd ones and the ranks from 2e on form the q
+    "virtual" ranks 0..q-1. Virtual rank v owns blocks [first_block(v), first_block(v + 1)).
+    """
+
+    def __init__(self, p: int):
+        self.q = 1 << (p.bit_length() - 1)
+        self.extra = p - self.q
+
+    def folded_out(self, r: int) -> bool:
+        """r hands its data to r + 1 and waits for the result."""
+        return r < 2 * self.extra and r % 2 == 0
+
+    def paired(self, r: int) -> bool:
+        """r is one of a folded pair (either side)."""
+        return r < 2 * self.extra
+
+    def vrank(self, r: int) -> int:
+        return r // 2 if r < 2 * self.extra else r - self.extra
+
+    def real(self, v: int) -> int:
+        return 2 * v + 1 if v < self.extra else v + self.extra
+
+    def first_block(self, v: int) -> int:
+        return 2 * v if v <= self.extra else v + self.extra
+
+
 @dataclass(frozen=True)
 class CostTerms:
     """What one call costs, in units the fitted constants multiply.

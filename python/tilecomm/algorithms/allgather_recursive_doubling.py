@@ -8,47 +8,41 @@ fold), (p-1)/p of the buffer on the wire for powers of two, else up to about 2x 
 neighbours (doubling plus the hand-back); nothing reduced. Latency-optimal: wins for small blocks.
 """
 
-from tilecomm.schedule import Schedule, recv, send
+from tilecomm.schedule import Fold, Schedule, recv, send
 
 COLLECTIVE = "all_gather"
 
 
 def schedule(p):
-    q = 1 << (p.bit_length() - 1)
-    extra = p - q
+    f = Fold(p)
+    q = f.q
     s = Schedule.empty(p, p)
 
-    def real(v):  # virtual rank among the q -> real rank
-        return 2 * v + 1 if v < extra else v + extra
-
-    def first_block(v):  # vrank v holds blocks [first_block(v), first_block(v + 1))
-        return 2 * v if v <= extra else v + extra
-
     for r in range(p):
-        if r < 2 * extra and r % 2 == 0:
+        if f.folded_out(r):
             # fold: hand our block to the odd neighbour ...
             s.add_round(r, [send(r + 1, r)])
             # ... and take the whole result back at the end.
             s.add_round(r, [recv(r + 1, 0, p)])
             continue
-        if r < 2 * extra:
+        if f.paired(r):
             # fold: take the even neighbour's block.
             s.add_round(r, [recv(r - 1, r - 1)])
-        v = r // 2 if r < 2 * extra else r - extra
+        v = f.vrank(r)
         dist = 1
         while dist < q:
-            partner = real(v ^ dist)
+            partner = f.real(v ^ dist)
             mine, theirs = v & ~(dist - 1), (v ^ dist) & ~(dist - 1)
             # round: swap the blocks of our dist vranks for the partner's (distance 1, 2, .., q/2).
             s.add_round(
                 r,
                 [
-                    send(partner, first_block(mine), first_block(mine + dist)),
-                    recv(partner, first_block(theirs), first_block(theirs + dist)),
+                    send(partner, f.first_block(mine), f.first_block(mine + dist)),
+                    recv(partner, f.first_block(theirs), f.first_block(theirs + dist)),
                 ],
             )
             dist *= 2
-        if r < 2 * extra:
+        if f.paired(r):
             # fold: hand the whole result back to the even neighbour.
             s.add_round(r, [send(r - 1, 0, p)])
     return s

@@ -9,34 +9,31 @@ each for the fold). Bandwidth-optimal with logarithmic latency: wins from medium
 Each chunk is reduced on one rank and copied, so all ranks end bitwise identical.
 """
 
-from tilecomm.schedule import Schedule, recv, recv_reduce, send
+from tilecomm.schedule import Fold, Schedule, recv, recv_reduce, send
 
 COLLECTIVE = "all_reduce"
 
 
 def schedule(p):
-    q = 1 << (p.bit_length() - 1)
-    extra = p - q
+    f = Fold(p)
+    q = f.q
     s = Schedule.empty(p, q)
 
-    def real(v):  # virtual rank among the q -> real rank
-        return 2 * v + 1 if v < extra else v + extra
-
     for r in range(p):
-        if r < 2 * extra and r % 2 == 0:
+        if f.folded_out(r):
             # fold: hand the whole buffer to the odd neighbour ...
             s.add_round(r, [send(r + 1, 0, q)])
             # ... and take the result back at the end.
             s.add_round(r, [recv(r + 1, 0, q)])
             continue
-        if r < 2 * extra:
+        if f.paired(r):
             # fold: reduce the even neighbour's buffer into ours.
             s.add_round(r, [recv_reduce(r - 1, 0, q)])
-        v = r // 2 if r < 2 * extra else r - extra
+        v = f.vrank(r)
         lo, hi = 0, q
         dist = q // 2
         while dist >= 1:
-            partner = real(v ^ dist)
+            partner = f.real(v ^ dist)
             mid = (lo + hi) // 2
             keep, give = ((lo, mid), (mid, hi)) if v & dist == 0 else ((mid, hi), (lo, mid))
             # round: send the half the partner keeps, reduce the half we keep (distance q/2, q/4, .., 1).
@@ -45,12 +42,12 @@ def schedule(p):
             dist //= 2
         dist = 1
         while dist < q:
-            partner = real(v ^ dist)
+            partner = f.real(v ^ dist)
             mine, theirs = v & ~(dist - 1), (v ^ dist) & ~(dist - 1)
             # round: swap reduced ranges of dist chunks with the partner at distance 1, 2, .., q/2.
             s.add_round(r, [send(partner, mine, mine + dist), recv(partner, theirs, theirs + dist)])
             dist *= 2
-        if r < 2 * extra:
+        if f.paired(r):
             # fold: hand the result back to the even neighbour.
             s.add_round(r, [send(r - 1, 0, q)])
     return s

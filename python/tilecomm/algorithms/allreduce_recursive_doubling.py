@@ -9,34 +9,31 @@ reduced every round. Latency-optimal: wins for small messages. op(a, b) equals
 op(b, a) bit for bit, so partners end identical.
 """
 
-from tilecomm.schedule import Schedule, recv, recv_reduce, send
+from tilecomm.schedule import Fold, Schedule, recv, recv_reduce, send
 
 COLLECTIVE = "all_reduce"
 
 
 def schedule(p):
     s = Schedule.empty(p, 1)
-    q = 1 << (p.bit_length() - 1)
-    extra = p - q
-
-    def real(v):  # virtual rank among the q -> real rank
-        return 2 * v + 1 if v < extra else v + extra
+    f = Fold(p)
+    q = f.q
 
     for r in range(p):
-        if r < 2 * extra and r % 2 == 0:
+        if f.folded_out(r):
             # fold: hand the buffer to the odd neighbour, get the result back at the end.
             s.add_round(r, [send(r + 1, 0)])
             s.add_round(r, [recv(r + 1, 0)])
             continue
-        if r < 2 * extra:
+        if f.paired(r):
             s.add_round(r, [recv_reduce(r - 1, 0)])
-        v = r // 2 if r < 2 * extra else r - extra
+        v = f.vrank(r)
         # round k: exchange whole buffers with the partner at distance 2^k and reduce.
         dist = 1
         while dist < q:
-            partner = real(v ^ dist)
+            partner = f.real(v ^ dist)
             s.add_round(r, [send(partner, 0), recv_reduce(partner, 0, dep=0)])
             dist *= 2
-        if r < 2 * extra:
+        if f.paired(r):
             s.add_round(r, [send(r - 1, 0)])
     return s

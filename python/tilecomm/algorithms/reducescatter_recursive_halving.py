@@ -9,50 +9,44 @@ sent by the even ranks and up to about 2.2x reduced by the odd ones. Latency-opt
 small and medium messages. The schedule fixes every block's reduction order: deterministic.
 """
 
-from tilecomm.schedule import Schedule, recv, recv_reduce, send
+from tilecomm.schedule import Fold, Schedule, recv, recv_reduce, send
 
 COLLECTIVE = "reduce_scatter"
 
 
 def schedule(p):
-    q = 1 << (p.bit_length() - 1)
-    extra = p - q
+    f = Fold(p)
+    q = f.q
     s = Schedule.empty(p, p)
 
-    def real(v):  # virtual rank among the q -> real rank
-        return 2 * v + 1 if v < extra else v + extra
-
-    def first_block(v):  # vrank v owns blocks [first_block(v), first_block(v + 1))
-        return 2 * v if v <= extra else v + extra
-
     for r in range(p):
-        if r < 2 * extra and r % 2 == 0:
+        if f.folded_out(r):
             # fold: hand the whole buffer to the odd neighbour ...
             s.add_round(r, [send(r + 1, 0, p)])
             # ... and take our reduced block back at the end.
             s.add_round(r, [recv(r + 1, r)])
             continue
-        if r < 2 * extra:
+        if f.paired(r):
             # fold: reduce the even neighbour's buffer into ours.
             s.add_round(r, [recv_reduce(r - 1, 0, p)])
-        v = r // 2 if r < 2 * extra else r - extra
+        v = f.vrank(r)
         lo, hi = 0, q  # vranks whose blocks we still reduce
         dist = q // 2
         while dist >= 1:
-            partner = real(v ^ dist)
+            partner = f.real(v ^ dist)
             mid = (lo + hi) // 2
             keep, give = ((lo, mid), (mid, hi)) if v & dist == 0 else ((mid, hi), (lo, mid))
             # round: send the partner's half of our vranks' blocks, reduce our half (distance q/2, .., 1).
             s.add_round(
                 r,
                 [
-                    send(partner, first_block(give[0]), first_block(give[1])),
-                    recv_reduce(partner, first_block(keep[0]), first_block(keep[1])),
+                    send(partner, f.first_block(give[0]), f.first_block(give[1])),
+                    recv_reduce(partner, f.first_block(keep[0]), f.first_block(keep[1])),
                 ],
             )
             lo, hi = keep
             dist //= 2
-        if r < 2 * extra:
+        if f.paired(r):
             # fold: hand the even neighbour its reduced block.
             s.add_round(r, [send(r - 1, r - 1)])
     return s
