@@ -157,20 +157,27 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::launch(c10d::OpType type, b
                                                           std::vector<at::Tensor> outputs,
                                                           std::vector<at::Tensor> keep, Body body) {
   auto work = c10::make_intrusive<TilecommWork>(rank_, type, std::move(outputs), std::move(keep));
-  auto task = [this, work, body = std::move(body)]() {
+  auto result = std::make_shared<std::exception_ptr>();
+  exec::Engine::Task task;
+  task.run = [this, result, body = std::move(body)]() {
     std::string failed = engine_->failure();
-    if (!failed.empty()) return work->complete(failedGroup(failed));
+    if (!failed.empty()) {
+      *result = failedGroup(failed);
+      return;
+    }
     try {
       body();
     } catch (const Error& e) {
       if (e.kind() != ErrorKind::kInvalid) engine_->fail(e.what(), e.kind() != ErrorKind::kAborted);
-      return work->complete(toException(e));
+      *result = toException(e);
     } catch (...) {
-      return work->complete(std::current_exception());
+      *result = std::current_exception();
     }
-    work->complete(nullptr);
   };
-  if (async) {
+  task.done = [work, result]() { work->complete(*result); };
+  // NOTE: an operation issued from a Future callback (on the worker thread) runs
+  // right away; queued behind the callback's own task it would never run.
+  if (async && !engine_->onWorkerThread()) {
     engine_->submit(std::move(task));
   } else {
     engine_->runNow(std::move(task));

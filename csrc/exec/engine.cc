@@ -121,6 +121,7 @@ void Engine::submit(Task task) {
 }
 
 void Engine::runNow(Task task) {
+  if (std::this_thread::get_id() == worker_.get_id()) return runNowOnWorker(std::move(task));
   std::unique_lock<std::mutex> lk(mu_);
   uint64_t ticket = next_ticket_++;
   if (serving_ != ticket) {
@@ -129,9 +130,36 @@ void Engine::runNow(Task task) {
     --turn_waiters_;
   }
   lk.unlock();
-  task();  // tasks report their own errors through their Work
+  task.run();  // tasks report their own errors through their Work
   lk.lock();
   advance(lk);
+  task.done();
+}
+
+void Engine::runNowOnWorker(Task task) {
+  std::unique_lock<std::mutex> lk(mu_);
+  uint64_t ticket = next_ticket_++;
+  while (serving_ != ticket) {
+    if (!queue_.empty() && queue_.front().first == serving_) {
+      Task ahead = std::move(queue_.front().second);
+      queue_.pop_front();
+      lk.unlock();
+      ahead.run();
+      lk.lock();
+      advance(lk);
+      ahead.done();
+      lk.lock();
+    } else {  // another thread's synchronous call holds the turn
+      ++turn_waiters_;
+      turn_cv_.wait(lk);
+      --turn_waiters_;
+    }
+  }
+  lk.unlock();
+  task.run();
+  lk.lock();
+  advance(lk);
+  task.done();
 }
 
 void Engine::advance(std::unique_lock<std::mutex>& lk) {
@@ -153,9 +181,10 @@ void Engine::workerLoop() {
     Task task = std::move(queue_.front().second);
     queue_.pop_front();
     lk.unlock();
-    task();
+    task.run();
     lk.lock();
     advance(lk);
+    task.done();  // NOTE: Future callbacks run here and may call runNow (see runNowOnWorker)
     lk.lock();
   }
 }

@@ -77,10 +77,17 @@ class Engine {
                 const std::vector<size_t>& out_off, const std::vector<size_t>& out_len, int64_t timeout_ms);
 
   // ---- ordering (Note [Issue order]) ----
-  using Task = std::function<void()>;
-  void submit(Task task);   // runs on the worker thread in issue order
-  void runNow(Task task);   // runs on this thread once every earlier task is done
+  /// `run` does the operation; `done` reports it (completes the Work and its
+  /// Future, whose callbacks may issue more operations). `done` runs after the
+  /// next task has been let go, so a callback never waits behind its own task.
+  struct Task {
+    std::function<void()> run;
+    std::function<void()> done;
+  };
+  void submit(Task task);  // runs on the worker thread in issue order
+  void runNow(Task task);  // runs on this thread once every earlier task is done
   P2PEngine& p2p() { return *p2p_; }
+  bool onWorkerThread() const { return std::this_thread::get_id() == worker_.get_id(); }
 
   /// Non-empty once the group has failed; every later operation fails fast with it.
   std::string failure() const;
@@ -89,6 +96,9 @@ class Engine {
 
  private:
   void workerLoop();
+  /// runNow from inside a callback on the worker thread: runs the queued tasks
+  /// ahead of this one itself (nobody else would), then this one.
+  void runNowOnWorker(Task task);
   /// Marks the running task done and wakes whoever runs next. Unlocks lk.
   void advance(std::unique_lock<std::mutex>& lk);
   Clock::time_point deadline(int64_t timeout_ms) const;
