@@ -4,8 +4,8 @@
 
 Spawns its own ranks (or runs under torchrun) and prints, per collective,
 backend and size, the nccl-tests columns (size, count, type, redop, root,
-time(us), algbw, busbw, #wrong) plus p50/p99 of the per-iteration time (the
-slowest rank's), and the time ratio to the last backend listed (tilecomm/gloo by default). ``--jsonl``
+time(us), algbw, busbw, #wrong; time is nccl-tests' average over back-to-back
+calls, the slowest rank's) plus p50/p99 of each call's time (the slowest rank's), and the time ratio to the last backend listed (tilecomm/gloo by default). ``--jsonl``
 writes one JSON record per row. Bus bandwidth uses nccl-tests' factors:
 all_reduce 2(p-1)/p; all_gather, reduce_scatter, all_to_all (p-1)/p;
 broadcast, reduce 1.
@@ -76,7 +76,8 @@ class Case:
         self.nbytes = count * esize
         self.dtype = dtype
         blk = count // world if per_rank else count
-        self.inp = self._pattern(count if coll in ("reduce_scatter", "all_to_all") else blk)
+        self.start = self._pattern(count if coll in ("reduce_scatter", "all_to_all") else blk)
+        self.inp = self.start.clone()
         if coll == "all_gather":
             self.out = torch.empty(count, dtype=dtype)
         elif coll == "reduce_scatter":
@@ -93,7 +94,7 @@ class Case:
 
     def reset(self):
         if self.coll in ("all_reduce", "reduce", "broadcast"):
-            self.inp.copy_(self._pattern(self.inp.numel()))
+            self.inp.copy_(self.start)
 
     def run(self):
         c, g = self.coll, self.group
@@ -138,20 +139,24 @@ def expected(case: Case):
 
 
 def time_case(case: Case, iters: int, warmup: int, timing_group):
-    for _ in range(warmup):
-        case.reset()
-        case.run()
-    times = torch.zeros(iters, dtype=torch.float64)
+    """(mean, per-iteration times): nccl-tests' method, the wall time of `iters`
+    back-to-back calls divided by `iters`, the slowest rank's; and each call's
+    own time, the slowest rank's, for the percentiles."""
+    times = [0.0] * (iters + 1)  # a plain list: bookkeeping stays out of the timed loop's way
     dist.barrier(group=timing_group)
+    # Warm-up after the barrier: the barrier releases ranks at different moments
+    # (by up to a millisecond with Gloo); these calls absorb that skew.
+    for _ in range(warmup):
+        case.run()
+    start = time.perf_counter()
     for i in range(iters):
-        if case.coll in ("all_reduce", "reduce"):
-            case.reset()  # keep values small; resetting costs one local copy
         t0 = time.perf_counter()
         case.run()
         times[i] = time.perf_counter() - t0
-    # The slowest rank's time per iteration.
-    dist.all_reduce(times, op=dist.ReduceOp.MAX, group=timing_group)
-    return times
+    times[iters] = (time.perf_counter() - start) / max(iters, 1)
+    t = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=timing_group)
+    return float(t[iters]), t[:iters]
 
 
 def check_case(case: Case, timing_group):
@@ -168,13 +173,14 @@ def check_case(case: Case, timing_group):
 
 def _print_rows(coll, world, args, rows, out):
     """One line per backend; ratio = this backend's mean time / the last backend's (Gloo by default)."""
-    means = [float(t.mean()) for _, _, t, _ in rows if t is not None]
+    means = [t[0] for _, _, t, _ in rows if t is not None]
     ref = means[-1] if means else None
-    for b, case, times, wrong in rows:
-        if times is None:
+    for b, case, timing, wrong in rows:
+        if timing is None:
             print(f"{b:>30} {case.nbytes:>11} failed: {wrong}")
             continue
-        mean, p50, p99 = float(times.mean()), float(times.quantile(0.5)), float(times.quantile(0.99))
+        mean, times = timing
+        p50, p99 = float(times.quantile(0.5)), float(times.quantile(0.99))
         algbw = case.nbytes / mean / 1e9 if mean > 0 else 0.0
         busbw = algbw * bus_factor(coll, world)
         root = 0 if coll in ("broadcast", "reduce") else -1
@@ -241,12 +247,12 @@ def _worker(rank, world, args):
             for b in groups:
                 case = Case(coll, nbytes, dtype, op, rank, world, groups[b])
                 try:
-                    times = time_case(case, args.iters, args.warmup, timing)
+                    mean, times = time_case(case, args.iters, args.warmup, timing)
                     wrong = check_case(case, timing) if args.check else 0
                 except (RuntimeError, ValueError) as e:
                     rows.append((b, case, None, str(e).splitlines()[0][:80]))
                     continue
-                rows.append((b, case, times, wrong))
+                rows.append((b, case, (mean, times), wrong))
             if rank == 0:
                 _print_rows(coll, world, args, rows, out)
     if out:

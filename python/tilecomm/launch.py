@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 
+import torch
 import torch.multiprocessing as mp
 
 
@@ -20,6 +21,9 @@ def under_torchrun() -> bool:
 
 def _entry(rank, fn, world, port, args):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    # As torchrun does (OMP_NUM_THREADS=1): ranks sharing cores must not also spin
+    # up intra-op thread pools that compete with each other.
+    torch.set_num_threads(1)
     fn(rank, world, *args)
 
 

@@ -345,8 +345,8 @@ def test_object_collectives(pools, cfg):
 # (harness.algorithm_sets); "auto" lets the selector choose by size.
 
 
-@pytest.mark.parametrize("cfg", _params("battery", algorithm_set_configs([6])))
-def test_battery_p6(pools, cfg):
+@pytest.mark.parametrize("cfg", _params("battery", algorithm_set_configs([5, 6, 7])))
+def test_battery(pools, cfg):
     _run(pools, cfg, "battery", timeout=300)
 
 
