@@ -65,14 +65,6 @@ uint16_t Engine::pick(Coll coll, uint64_t nbytes) const {
   return t.back().second;
 }
 
-const Algorithm& Engine::algorithm(uint16_t id) const { return algos_.at(id); }
-
-uint16_t Engine::algorithmId(const std::string& name) const {
-  for (const auto& kv : algos_)
-    if (kv.second.name == name) return kv.first;
-  throw Error(ErrorKind::kInvalid, "unknown algorithm " + name);
-}
-
 Clock::time_point Engine::deadline(int64_t timeout_ms) const {
   return Clock::now() + std::chrono::milliseconds(timeout_ms > 0 ? timeout_ms : cfg_.timeout_ms);
 }

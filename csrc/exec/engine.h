@@ -67,8 +67,6 @@ class Engine {
 
   // ---- per call ----
   uint16_t pick(Coll coll, uint64_t nbytes) const;
-  const Algorithm& algorithm(uint16_t id) const;
-  uint16_t algorithmId(const std::string& name) const;
   /// Runs a collective's schedule; call from inside a task (see submit/runNow).
   void run(const CollCall& call);
   /// Pairwise all-to-all over explicit byte ranges (uneven splits); from inside a task.
