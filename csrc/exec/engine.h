@@ -54,7 +54,6 @@ class Engine {
 
   int rank() const { return rank_; }
   int world() const { return world_; }
-  const EngineConfig& config() const { return cfg_; }
   transport::ShmTransport& shm() { return *shm_; }
 
   // ---- set-up, once per group ----

@@ -14,7 +14,6 @@ import os
 import socket
 from datetime import timedelta
 
-import torch
 import torch.distributed as dist
 
 from tilecomm import algorithms, selector, settings
@@ -131,4 +130,4 @@ def _log_tables(world, tables):
         log.info("tilecomm world=%d %s: %s", world, coll, "; ".join(parts))
 
 
-__all__ = ["register", "create", "torch"]
+__all__ = ["register", "create"]

@@ -17,7 +17,6 @@ def schedule(p):
     f = Fold(p)
     q = f.q
     s = Schedule.empty(p, p)
-
     for r in range(p):
         if f.folded_out(r):
             # fold: hand our block to the odd neighbour ...

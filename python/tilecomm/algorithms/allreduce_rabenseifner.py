@@ -18,7 +18,6 @@ def schedule(p):
     f = Fold(p)
     q = f.q
     s = Schedule.empty(p, q)
-
     for r in range(p):
         if f.folded_out(r):
             # fold: hand the whole buffer to the odd neighbour ...

@@ -18,7 +18,6 @@ def schedule(p):
     s = Schedule.empty(p, 1)
     f = Fold(p)
     q = f.q
-
     for r in range(p):
         if f.folded_out(r):
             # fold: hand the buffer to the odd neighbour, get the result back at the end.
