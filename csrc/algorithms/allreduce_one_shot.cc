@@ -1,8 +1,12 @@
-// One-shot all-reduce: every rank sends its whole buffer to every peer in one
-// round, then combines the p contributions locally in rank order (0, 1, ..,
-// p-1), so every rank computes the same expression and ends bitwise identical.
-// Cost: 1 round, (p-1) x the buffer sent and reduced per rank. Wins for small
-// messages: a single exchange, nobody waits on a chain of partners.
+// One-shot all-reduce over mailbox rounds (Note [Mailbox] in transport/shm.h):
+// every rank posts its buffer, and once all have, combines the p contributions
+// in rank order (0, 1, .., p-1) straight from the peers' mailboxes, so every
+// rank computes the same expression and ends bitwise identical. Messages larger
+// than a mailbox take one round per mailbox-sized piece.
+// Cost: 1 round per piece, (p-1) x the buffer read and reduced per rank, and a
+// single wake-up per round however many peers there are. Wins for small
+// messages, above all when ranks outnumber cores.
+#include <algorithm>
 #include <cstring>
 
 #include "algorithms/direct.h"
@@ -11,20 +15,19 @@
 namespace tilecomm::algo {
 
 void allreduceOneShot(const DirectArgs& a) {
-  const size_t nbytes = a.count * dtypeSize(a.dtype);
-  a.scratch.resize(nbytes * a.world);
-  char* slots = a.scratch.data();
-  std::vector<exec::Step> steps;
-  // round: the buffer to every peer; every peer's buffer into its slot.
-  for (int k = 1; k < a.world; ++k) {
-    int to = (a.rank + k) % a.world, from = (a.rank - k + a.world) % a.world;
-    steps.push_back(exec::Step{exec::StepKind::kSend, to, a.buf, nbytes, -1});
-    steps.push_back(exec::Step{exec::StepKind::kRecvCopy, from, slots + from * nbytes, nbytes, -1});
-  }
-  a.exec.runRound(steps, a.desc, a.dtype, a.op, a.deadline, a.timeout_ms);
-  std::memcpy(slots + a.rank * nbytes, a.buf, nbytes);
-  std::memcpy(a.buf, slots, nbytes);
-  for (int r = 1; r < a.world; ++r) kernels::reduceInto(a.buf, slots + r * nbytes, a.count, a.dtype, a.op);
+  const size_t elem = dtypeSize(a.dtype);
+  const size_t nbytes = a.count * elem;
+  const size_t piece = a.exec.mailboxBytes() / elem * elem;
+  size_t off = 0;
+  do {  // a zero-byte call still takes one round, so every rank checks the others' descriptors
+    const size_t len = std::min(piece, nbytes - off);
+    uint64_t round = a.exec.exchangeMailbox(a.desc, a.buf + off, len, off, nbytes, a.deadline, a.timeout_ms);
+    std::memcpy(a.buf + off, a.exec.peerMailbox(0, round, a.desc, len, off, nbytes), len);
+    for (int r = 1; r < a.world; ++r)
+      kernels::reduceInto(a.buf + off, a.exec.peerMailbox(r, round, a.desc, len, off, nbytes), len / elem, a.dtype,
+                          a.op);
+    off += len;
+  } while (off < nbytes);
 }
 
 }  // namespace tilecomm::algo

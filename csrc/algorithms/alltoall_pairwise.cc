@@ -6,31 +6,20 @@
 // partners, so no rank is flooded.
 #include <algorithm>
 
-#include "exec/engine.h"
+#include "algorithms/direct.h"
 
-namespace tilecomm::exec {
+namespace tilecomm::algo {
 
-void Engine::allToAll(const char* in, const std::vector<size_t>& in_off, const std::vector<size_t>& in_len,
-                      char* out, const std::vector<size_t>& out_off, const std::vector<size_t>& out_len,
-                      int64_t timeout_ms) {
-  exec_->checkAborted();
-  CollDesc desc;
-  desc.seq = ++coll_seq_;
-  desc.coll = Coll::kAllToAll;
-  desc.dtype = DType::kBytes;
-  desc.algo = alltoall_id_;
-  shm_->publishBoard(desc);
-  int64_t timeout = timeout_ms > 0 ? timeout_ms : cfg_.timeout_ms;
-  Clock::time_point dl = deadline(timeout);
-  std::copy(in + in_off[rank_], in + in_off[rank_] + in_len[rank_], out + out_off[rank_]);
-  // round k: send block (r + k) to rank r + k, receive block (r - k) from rank r - k.
-  for (int k = 1; k < world_; ++k) {
-    int to = (rank_ + k) % world_, from = (rank_ - k + world_) % world_;
-    steps_.clear();
-    steps_.push_back(Step{StepKind::kSend, to, const_cast<char*>(in) + in_off[to], in_len[to], -1});
-    steps_.push_back(Step{StepKind::kRecvCopy, from, out + out_off[from], out_len[from], -1});
-    exec_->runRound(steps_, desc, DType::kBytes, RedOp::kNone, dl, timeout);
+void alltoallPairwise(const AllToAllArgs& a) {
+  std::copy(a.in + a.in_off[a.rank], a.in + a.in_off[a.rank] + a.in_len[a.rank], a.out + a.out_off[a.rank]);
+  std::vector<exec::Step> steps;
+  for (int k = 1; k < a.world; ++k) {
+    int to = (a.rank + k) % a.world, from = (a.rank - k + a.world) % a.world;
+    steps.clear();
+    steps.push_back(exec::Step{exec::StepKind::kSend, to, const_cast<char*>(a.in) + a.in_off[to], a.in_len[to], -1});
+    steps.push_back(exec::Step{exec::StepKind::kRecvCopy, from, a.out + a.out_off[from], a.out_len[from], -1});
+    a.exec.runRound(steps, a.desc, DType::kBytes, RedOp::kNone, a.deadline, a.timeout_ms);
   }
 }
 
-}  // namespace tilecomm::exec
+}  // namespace tilecomm::algo

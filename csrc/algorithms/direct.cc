@@ -15,6 +15,12 @@ DirectFn findDirect(const std::string& name) {
   return nullptr;
 }
 
+AllToAllFn findAllToAll(const std::string& name) {
+  if (name == "alltoall_pairwise") return &alltoallPairwise;
+  if (name == "alltoall_direct") return &alltoallDirect;
+  return nullptr;
+}
+
 void scatterReduce(const DirectArgs& a) {
   const size_t elem = dtypeSize(a.dtype);
   auto off = [&](int c) { return exec::chunkOffset(c, a.world, a.count, elem); };

@@ -30,6 +30,31 @@ using DirectFn = void (*)(const DirectArgs&);
 /// The direct algorithm registered under `name`, or nullptr.
 DirectFn findDirect(const std::string& name);
 
+/// An all-to-all over explicit byte ranges: block r of `in` goes to rank r,
+/// block r of `out` comes from rank r (block sizes may differ per rank).
+struct AllToAllArgs {
+  exec::Executor& exec;
+  int rank;
+  int world;
+  const char* in;
+  const std::vector<size_t>& in_off;
+  const std::vector<size_t>& in_len;
+  char* out;
+  const std::vector<size_t>& out_off;
+  const std::vector<size_t>& out_len;
+  const CollDesc& desc;
+  exec::Clock::time_point deadline;
+  int64_t timeout_ms;
+};
+
+using AllToAllFn = void (*)(const AllToAllArgs&);
+
+/// The all-to-all algorithm registered under `name`, or nullptr.
+AllToAllFn findAllToAll(const std::string& name);
+
+void alltoallPairwise(const AllToAllArgs& a);
+void alltoallDirect(const AllToAllArgs& a);
+
 void allreduceOneShot(const DirectArgs& a);
 void allreduceTwoShot(const DirectArgs& a);
 void reducescatterDirect(const DirectArgs& a);

@@ -32,13 +32,13 @@ void Engine::connect(const std::vector<std::string>& names, const std::vector<in
 }
 
 void Engine::addAlgorithm(Algorithm algo) {
-  if (algo.direct && !algo::findDirect(algo.name) && algo.coll != Coll::kAllToAll)
+  if (algo.direct && !algo::findDirect(algo.name) && !algo::findAllToAll(algo.name))
     throw Error(ErrorKind::kInvalid, "direct algorithm " + algo.name + " has no implementation in this build");
   size_t want = algo.direct ? 0 : algo.rooted ? static_cast<size_t>(world_) : 1;
   if (algo.schedules.size() != want)
     throw Error(ErrorKind::kInvalid, "algorithm " + algo.name + ": expected " + std::to_string(want) + " schedules");
   uint16_t id = algo.id;
-  if (algo.coll == Coll::kAllToAll) alltoall_id_ = id;
+  if (algo::AllToAllFn fn = algo::findAllToAll(algo.name)) alltoall_[id] = fn;
   if (algo::DirectFn fn = algo::findDirect(algo.name)) direct_[id] = fn;
   algos_[id] = std::move(algo);
 }
@@ -103,6 +103,23 @@ void Engine::run(const CollCall& c) {
     begin = end;
     exec_->runRound(steps_, desc, c.dtype, c.op, dl, timeout);
   }
+}
+
+void Engine::allToAll(uint16_t algo, const char* in, const std::vector<size_t>& in_off,
+                      const std::vector<size_t>& in_len, char* out, const std::vector<size_t>& out_off,
+                      const std::vector<size_t>& out_len, uint64_t desc_count, int64_t timeout_ms) {
+  algo::AllToAllFn fn = alltoall_.at(algo);
+  exec_->checkAborted();
+  CollDesc desc;
+  desc.seq = ++coll_seq_;
+  desc.count = desc_count;
+  desc.coll = Coll::kAllToAll;
+  desc.dtype = DType::kBytes;
+  desc.algo = algo;
+  shm_->publishBoard(desc);
+  int64_t timeout = timeout_ms > 0 ? timeout_ms : cfg_.timeout_ms;
+  fn(algo::AllToAllArgs{*exec_, rank_, world_, in, in_off, in_len, out, out_off, out_len, desc, deadline(timeout),
+                        timeout});
 }
 
 void Engine::submit(Task task) {

@@ -68,10 +68,11 @@ class Engine {
   uint16_t pick(Coll coll, uint64_t nbytes) const;
   /// Runs a collective's schedule; call from inside a task (see submit/runNow).
   void run(const CollCall& call);
-  /// Pairwise all-to-all over explicit byte ranges (uneven splits); from inside a task.
-  /// Defined in algorithms/alltoall_pairwise.cc.
-  void allToAll(const char* in, const std::vector<size_t>& in_off, const std::vector<size_t>& in_len, char* out,
-                const std::vector<size_t>& out_off, const std::vector<size_t>& out_len, int64_t timeout_ms);
+  /// All-to-all over explicit byte ranges (uneven splits) with algorithm `algo`;
+  /// desc_count is what must agree across ranks (0 when block sizes vary). From inside a task.
+  void allToAll(uint16_t algo, const char* in, const std::vector<size_t>& in_off, const std::vector<size_t>& in_len,
+                char* out, const std::vector<size_t>& out_off, const std::vector<size_t>& out_len,
+                uint64_t desc_count, int64_t timeout_ms);
 
   // ---- ordering (Note [Issue order]) ----
   /// `run` does the operation; `done` reports it (completes the Work and its
@@ -109,8 +110,8 @@ class Engine {
   std::map<uint16_t, Algorithm> algos_;
   std::vector<std::vector<std::pair<uint64_t, uint16_t>>> tables_;
   uint64_t coll_seq_ = 0;
-  uint16_t alltoall_id_ = 0;
   std::map<uint16_t, algo::DirectFn> direct_;
+  std::map<uint16_t, algo::AllToAllFn> alltoall_;
   std::vector<char> scratch_;  // direct algorithms' receive slots
   std::vector<Step> steps_;  // reused across rounds
 

@@ -93,6 +93,59 @@ void Executor::runRound(std::vector<Step>& steps, const CollDesc& desc, DType dt
       &desc, nullptr, deadline, timeout_ms);
 }
 
+uint64_t Executor::exchangeMailbox(const CollDesc& desc, const char* data, size_t len, uint64_t offset,
+                                   uint64_t msg_bytes, Clock::time_point deadline, int64_t timeout_ms) {
+  const uint64_t round = ++mailbox_round_;
+  const int me = shm_.rank();
+  Slot* box = shm_.mailbox(me, round);
+  box->hdr.desc = desc;
+  box->hdr.msg_bytes = msg_bytes;
+  box->hdr.offset = offset;
+  box->hdr.len = static_cast<uint32_t>(len);
+  box->hdr.tag = 0;
+  box->hdr.p2p_seq = 0;
+  std::memcpy(ShmTransport::payload(box), data, len);
+  shm_.arrive(round);
+  drive(
+      [&](std::vector<int>& waiting) {
+        if (shm_.allArrived(round)) return true;
+        for (int r = 0; r < shm_.world(); ++r)
+          if (r != me && shm_.mailbox(r, round)->seq.load(std::memory_order_acquire) != round) waiting.push_back(r);
+        // NOTE: every rank may have posted while the counter is still behind;
+        // wait on anyone then, the counter moves next.
+        if (waiting.empty()) waiting.push_back(me == 0 ? 1 : 0);
+        return false;
+      },
+      &desc, nullptr, deadline, timeout_ms);
+  // NOTE: once every rank has arrived, every message sent in earlier collectives
+  // has landed, and a mailbox collective sends none: a pending slot from this or
+  // an earlier collective means some ranks called something else (say, another
+  // root), which the senders alone could not notice.
+  for (int r = 0; r < shm_.world(); ++r) {
+    if (r == me) continue;
+    const Slot* stale = shm_.tryRecvSlot(kCollLane, r);
+    if (stale && stale->hdr.desc.seq <= desc.seq)
+      throw Error(ErrorKind::kDesync, desyncMessage(me, desc, r, stale->hdr.desc));
+  }
+  return round;
+}
+
+const char* Executor::peerMailbox(int peer, uint64_t round, const CollDesc& desc, size_t len, uint64_t offset,
+                                  uint64_t msg_bytes) const {
+  const Slot* box = shm_.mailbox(peer, round);
+  const transport::SlotHeader h = box->hdr;  // copy once: the peer could scribble on shared memory
+  if (!h.desc.sameCall(desc)) throw Error(ErrorKind::kDesync, desyncMessage(shm_.rank(), desc, peer, h.desc));
+  if (box->seq.load(std::memory_order_acquire) != round || h.msg_bytes != msg_bytes || h.offset != offset ||
+      h.len != len)
+    throw Error(ErrorKind::kDesync,
+                "in " + desc.describe() + " (collective #" + std::to_string(desc.seq) + ") rank " +
+                    std::to_string(peer) + " posted " + std::to_string(h.len) + " bytes at offset " +
+                    std::to_string(h.offset) + " of a " + std::to_string(h.msg_bytes) + "-byte message where rank " +
+                    std::to_string(shm_.rank()) + " expected " + std::to_string(len) + " bytes at offset " +
+                    std::to_string(offset) + " of " + std::to_string(msg_bytes));
+  return ShmTransport::payload(box);
+}
+
 void Executor::checkAborted() const {
   if (stop_.load(std::memory_order_acquire)) throw Error(ErrorKind::kAborted, "the process group was destroyed");
   if (int a = shm_.abortedBy())

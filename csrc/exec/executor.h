@@ -60,6 +60,19 @@ class Executor {
   void runRound(std::vector<Step>& steps, const CollDesc& desc, DType dtype, RedOp op, Clock::time_point deadline,
                 int64_t timeout_ms);
 
+  /// A mailbox round (Note [Mailbox] in transport/shm.h): copies `len` bytes,
+  /// at `offset` of a `msg_bytes` message, into our mailbox, arrives, and waits
+  /// until every rank has. Returns the round for peerMailbox(). Read what you
+  /// need before the next round: the buffers are reused.
+  uint64_t exchangeMailbox(const CollDesc& desc, const char* data, size_t len, uint64_t offset, uint64_t msg_bytes,
+                           Clock::time_point deadline, int64_t timeout_ms);
+  /// The payload `peer` (or we) posted in `round`, once checked to be the same
+  /// call and the same `len` bytes at `offset` of a `msg_bytes` message.
+  const char* peerMailbox(int peer, uint64_t round, const CollDesc& desc, size_t len, uint64_t offset,
+                          uint64_t msg_bytes) const;
+  /// Most bytes one mailbox round carries.
+  size_t mailboxBytes() const { return shm_.slotBytes(); }
+
   /// Repeats pass(waiting) until it leaves `waiting` empty. A pass makes what
   /// progress it can without blocking, returns whether anything moved, and lists
   /// the peers it still waits on. Between fruitless passes this spins, yields,
@@ -85,6 +98,7 @@ class Executor {
 
   transport::ShmTransport& shm_;
   WaitConfig wc_;
+  uint64_t mailbox_round_ = 0;  // same on every rank: each round is entered by all
   std::atomic<bool> stop_{false};
 };
 

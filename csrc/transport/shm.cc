@@ -26,7 +26,7 @@ namespace transport {
 
 namespace {
 constexpr uint64_t kMagic = 0x746c636f6d6d3031ull;  // "tlcomm01"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 constexpr size_t kErrorBytes = 1024;
 constexpr const char* kPrefix = "tilecomm-";
 
@@ -69,6 +69,7 @@ struct ShmTransport::SegHeader {
   int64_t pid;
   alignas(64) std::atomic<uint32_t> doorbell;
   alignas(64) std::atomic<uint32_t> sleepers;
+  alignas(64) std::atomic<uint64_t> arrivals;  // mailbox arrivals, used in rank 0's segment (Note [Mailbox])
   alignas(64) std::atomic<uint32_t> abort_from;  // rank + 1 of the first failed rank that told us
   std::atomic<uint32_t> error_len;               // set once error_msg is complete
   alignas(64) std::atomic<uint64_t> board_version;  // seqlock: odd while being written
@@ -83,7 +84,7 @@ ShmTransport::ShmTransport(int rank, int world, const ShmConfig& cfg) : rank_(ra
   slot_stride_ = kSlotHeaderBytes + cfg_.slot_bytes;
   channel_stride_ = 64 + cfg_.slots * slot_stride_;
   size_t header_bytes = (sizeof(SegHeader) + 63) / 64 * 64;
-  seg_bytes_ = header_bytes + static_cast<size_t>(world) * kNumLanes * channel_stride_;
+  seg_bytes_ = header_bytes + 2 * slot_stride_ + static_cast<size_t>(world) * kNumLanes * channel_stride_;
   sent_.assign(kNumLanes * world, 0);
   recvd_.assign(kNumLanes * world, 0);
   bases_.assign(world, nullptr);
@@ -167,9 +168,13 @@ void ShmTransport::unlinkOwn() {
 
 ShmTransport::SegHeader* ShmTransport::header(int r) const { return reinterpret_cast<SegHeader*>(bases_[r]); }
 
-std::atomic<uint64_t>* ShmTransport::consumed(int owner, int src, int lane) const {
+char* ShmTransport::channelBase(int owner) const {
   size_t header_bytes = (sizeof(SegHeader) + 63) / 64 * 64;
-  char* ch = bases_[owner] + header_bytes + (static_cast<size_t>(src) * kNumLanes + lane) * channel_stride_;
+  return bases_[owner] + header_bytes + 2 * slot_stride_;
+}
+
+std::atomic<uint64_t>* ShmTransport::consumed(int owner, int src, int lane) const {
+  char* ch = channelBase(owner) + (static_cast<size_t>(src) * kNumLanes + lane) * channel_stride_;
   return reinterpret_cast<std::atomic<uint64_t>*>(ch);
 }
 
@@ -203,6 +208,23 @@ void ShmTransport::releaseRecv(int lane, int peer) {
   ++k;
   consumed(rank_, peer, lane)->store(k, std::memory_order_release);
   ring(peer);
+}
+
+Slot* ShmTransport::mailbox(int owner, uint64_t round) const {
+  return reinterpret_cast<Slot*>(channelBase(owner) - (2 - round % 2) * slot_stride_);
+}
+
+void ShmTransport::arrive(uint64_t round) {
+  mailbox(rank_, round)->seq.store(round, std::memory_order_release);
+  uint64_t n = header(0)->arrivals.fetch_add(1, std::memory_order_acq_rel) + 1;
+  if (n == round * static_cast<uint64_t>(world_)) {
+    for (int r = 0; r < world_; ++r)
+      if (r != rank_) ring(r);
+  }
+}
+
+bool ShmTransport::allArrived(uint64_t round) const {
+  return header(0)->arrivals.load(std::memory_order_acquire) >= round * static_cast<uint64_t>(world_);
 }
 
 void ShmTransport::ring(int peer) {

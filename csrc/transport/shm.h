@@ -1,8 +1,8 @@
 // Shared-memory transport for ranks on one host.
 //
 // Every rank owns one POSIX segment: a header (doorbell, abort word, the
-// "board" naming the collective it is in) followed by its inboxes, one
-// channel per (sending peer, lane). A channel is a ring of slots; the sender
+// "board" naming the collective it is in), its two mailbox buffers, then its
+// inboxes, one channel per (sending peer, lane). A channel is a ring of slots; the sender
 // fills slot k, then publishes seq = k + 1; the receiver consumes it and
 // advances `consumed`. Sequence values only grow, nothing is reset in place.
 // Segments are created owner-only with unguessable names and unlinked as soon
@@ -46,6 +46,17 @@ struct ShmConfig {
   uint32_t slot_bytes = 1 << 16;  // payload bytes per slot (multiple of 64)
 };
 
+// Note [Mailbox]
+// For small messages a point-to-point exchange costs every rank one wake-up
+// per peer. A mailbox round costs one: every rank copies its contribution into
+// its own mailbox buffer and increments one arrival counter (in rank 0's
+// segment); the rank whose increment completes the round wakes the others,
+// who then read what they need straight from the peers' buffers. Rounds use the
+// two buffers alternately. Rank r fills its buffer of round k + 2 only after
+// round k + 1 completed, i.e. after every rank arrived at k + 1 and so had
+// finished reading round k: users read a round's buffers before their next
+// arrival. The counter only grows.
+
 /// The board: which collective a rank is in, read by peers for diagnostics.
 struct BoardEntry {
   uint64_t seq;
@@ -81,6 +92,15 @@ class ShmTransport {
   /// Frees the slot returned by tryRecvSlot and wakes its sender.
   void releaseRecv(int lane, int peer);
 
+  // ---- mailbox rounds (Note [Mailbox]) ----
+  /// Our (owner == rank()) or a peer's mailbox buffer of `round` (1, 2, ..).
+  Slot* mailbox(int owner, uint64_t round) const;
+  /// Publishes our buffer of `round` and counts our arrival; the last rank to
+  /// arrive wakes the others.
+  void arrive(uint64_t round);
+  /// Whether every rank has arrived at `round`.
+  bool allArrived(uint64_t round) const;
+
   // ---- waiting ----
   /// Sleep protocol: announce(), re-check for work, then sleep(token, us), then unannounce().
   uint32_t announce();
@@ -110,6 +130,7 @@ class ShmTransport {
   Slot* slot(int owner, int src, int lane, uint64_t k) const;
   std::atomic<uint64_t>* consumed(int owner, int src, int lane) const;
   void ring(int peer);
+  char* channelBase(int owner) const;
 
   int rank_;
   int world_;

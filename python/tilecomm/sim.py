@@ -348,7 +348,7 @@ def run_collective(algorithm, inputs, root=0, op=np.add, sim=None):
     return [vout[(r - root) % p] for r in range(p)]
 
 
-def check(algorithm, p, n, dtype=np.float64, *, roots=None, op=np.add, seed=0, random=False):
+def check(algorithm, p, n, dtype=np.float64, *, roots=None, op=np.add, seed=0, random=False, layout=None):
     """Simulates ``algorithm`` for p ranks and checks the result against the closed form.
 
     n counts elements of the whole buffer for all_reduce, broadcast and reduce,
@@ -357,13 +357,14 @@ def check(algorithm, p, n, dtype=np.float64, *, roots=None, op=np.add, seed=0, r
     algorithms are checked for every root in ``roots`` (default: all). Data is
     integer-valued unless ``random`` (then floats are normal, compared with a
     tolerance). Every rank that should hold the result must hold bitwise
-    identical bytes. Raises CheckError, ScheduleError or DeadlockError.
+    identical bytes. ``layout`` (host index per rank) is passed to
+    topology-aware algorithms. Raises CheckError, ScheduleError or DeadlockError.
     """
     algo = _algorithm(algorithm)
     if algo.direct:
         raise ValueError(f"{algo.name} is run directly by the engine; it has no schedule to simulate")
     dtype = np.dtype(dtype)
-    sim = Simulator(algo.schedule(p))
+    sim = Simulator(algo.schedule(p, layout))
     if len(sim.schedule.ranks) != p:
         raise CheckError(f"{algo.name}: schedule({p}) has {len(sim.schedule.ranks)} ranks")
     rng = np.random.default_rng(seed)

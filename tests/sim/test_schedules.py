@@ -167,3 +167,42 @@ def test_order_dependent_result_is_caught():
     check(fake("all_reduce", exchange), 2, 5, np.float32, random=True)
     with pytest.raises(CheckError):
         check(fake("all_reduce", exchange), 2, 5, np.float32, random=True, op=np.subtract)
+
+
+# ---- topology-aware algorithms, on host layouts ----
+
+TOPO = [a for a in SCHEDULED if a.topology_aware]
+LAYOUTS = [
+    (0, 0, 1, 1),  # 2 hosts x 2
+    (0, 0, 0, 0, 1, 1, 1, 1),  # 2 x 4
+    (0, 1, 0, 1, 0, 1),  # interleaved ranks
+    (0, 0, 0, 1, 1, 2),  # unequal hosts: 3, 2, 1
+    (0, 1, 1, 1, 1, 1, 2, 2, 2),  # 1, 5, 3
+    (0, 1, 2, 3, 4),  # one rank per host
+    (5, 5, 3, 3, 3, 9, 9, 9, 9, 9, 9),  # arbitrary host labels
+]
+
+
+@pytest.mark.parametrize(
+    "algo,layout,n",
+    [pytest.param(a, lay, n, id=f"{a.name}-{''.join(map(str, lay))}-n{n}") for a in TOPO for lay in LAYOUTS
+     for n in (0, 1, 7, 1001, 20011)],
+)
+def test_topology_layouts(algo, layout, n):
+    p = len(layout)
+    algo.schedule(p, layout).validate()
+    check(algo, p, n, np.float64, seed=n + p, layout=layout)
+    check(algo, p, n, np.float32, random=True, seed=n, layout=layout)  # bitwise identical on every rank
+
+
+def test_hierarchical_inter_host_bytes():
+    # G ranks on each of 2 hosts: the busiest rank sends at most 1/G of what a
+    # flat ring's busiest rank sends across the host boundary.
+    from tilecomm.schedule import inter_host_wire
+
+    for g in (2, 3, 4):
+        layout = (0,) * g + (1,) * g
+        hier = inter_host_wire(algorithms.by_name("allreduce_hierarchical").schedule(2 * g, layout), layout)
+        ring = inter_host_wire(algorithms.by_name("allreduce_ring").schedule(2 * g), layout)
+        assert hier <= ring / g + 1e-12, (g, hier, ring)
+        assert hier == pytest.approx(1 / g)  # 2(H-1)/(H G) of the buffer with H = 2

@@ -3,7 +3,9 @@
 Each module defines ``COLLECTIVE`` (the collective it implements), ``ROOTED``
 (whether its schedule is generated for root 0 and rotated), a docstring whose
 first paragraph is its summary, and either ``schedule(p) -> Schedule`` or, for
-algorithms the engine runs directly, ``DIRECT = True``.
+algorithms the engine runs directly, ``DIRECT = True``. Topology-aware
+algorithms set ``TOPOLOGY = True`` and take ``schedule(p, layout)``, where
+``layout[r]`` is rank r's host index.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ _MODULES = [
     "allreduce_one_shot",
     "allreduce_two_shot",
     "reducescatter_direct",
+    "alltoall_direct",
+    "allreduce_hierarchical",
 ]
 
 # The engine's numbering of collectives (csrc/common/types.h, enum Coll).
@@ -74,7 +78,14 @@ class Algorithm:
     def summary(self):
         return (self.module.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
 
-    def schedule(self, p):
+    @property
+    def topology_aware(self):
+        return getattr(self.module, "TOPOLOGY", False)
+
+    def schedule(self, p, layout=None):
+        """The schedule for p ranks; layout (host index per rank) matters only to topology-aware ones."""
+        if self.topology_aware:
+            return self.module.schedule(p, layout)
         return self.module.schedule(p)
 
 
