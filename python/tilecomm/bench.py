@@ -8,7 +8,8 @@ time(us), algbw, busbw, #wrong; time is nccl-tests' average over back-to-back
 calls, the slowest rank's) plus p50/p99 of each call's time (the slowest rank's), and the time ratio to the last backend listed (tilecomm/gloo by default). ``--jsonl``
 writes one JSON record per row. Bus bandwidth uses nccl-tests' factors:
 all_reduce 2(p-1)/p; all_gather, reduce_scatter, all_to_all (p-1)/p;
-broadcast, reduce 1.
+broadcast, reduce 1. gather, scatter and barrier are timed when named in
+``--collective`` (bus factor 1; a barrier moves no bytes).
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ import torch
 import torch.distributed as dist
 
 COLLECTIVES = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all"]
+# Also timed when named (and by tilecomm.tune); not part of "all".
+MORE_COLLECTIVES = ["gather", "scatter", "barrier"]
+BLOCKED = ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter")  # n is p blocks, one per rank
 DTYPES = {
     "float": torch.float32,
     "float32": torch.float32,
@@ -68,22 +72,22 @@ class Case:
     def __init__(self, coll, nbytes, dtype, op, rank, world, group):
         self.coll, self.op, self.rank, self.world, self.group = coll, op, rank, world, group
         esize = torch.empty((), dtype=dtype).element_size()
-        per_rank = coll in ("all_gather", "reduce_scatter", "all_to_all")
-        count = max(nbytes // esize, 0)
+        per_rank = coll in BLOCKED
+        count = max(nbytes // esize, 0) if coll != "barrier" else 0
         if per_rank:
             count = -(-count // world) * world  # a whole block per rank
         self.count = count
         self.nbytes = count * esize
         self.dtype = dtype
         blk = count // world if per_rank else count
-        self.start = self._pattern(count if coll in ("reduce_scatter", "all_to_all") else blk)
+        self.start = self._pattern(count if coll in ("reduce_scatter", "all_to_all", "scatter") else blk)
         self.inp = self.start.clone()
-        if coll == "all_gather":
+        if coll in ("all_gather", "all_to_all"):
             self.out = torch.empty(count, dtype=dtype)
-        elif coll == "reduce_scatter":
+        elif coll in ("reduce_scatter", "scatter"):
             self.out = torch.empty(blk, dtype=dtype)
-        elif coll == "all_to_all":
-            self.out = torch.empty(count, dtype=dtype)
+        elif coll == "gather":
+            self.out = [torch.empty(blk, dtype=dtype) for _ in range(world)] if rank == 0 else None
         else:
             self.out = self.inp
 
@@ -110,9 +114,15 @@ class Case:
             dist.reduce(self.inp, dst=0, op=self.op, group=g)
         elif c == "all_to_all":
             dist.all_to_all_single(self.out, self.inp, group=g)
+        elif c == "gather":
+            dist.gather(self.inp, self.out, dst=0, group=g)
+        elif c == "scatter":
+            dist.scatter(self.out, list(self.inp.chunk(self.world)) if self.rank == 0 else None, src=0, group=g)
+        elif c == "barrier":
+            dist.barrier(group=g)
 
     def result(self):
-        return self.out
+        return torch.cat(self.out) if isinstance(self.out, list) else self.out
 
 
 def expected(case: Case):
@@ -135,6 +145,10 @@ def expected(case: Case):
     if c == "all_to_all":
         b = n // p
         return torch.cat([pattern(r, n)[case.rank * b : (case.rank + 1) * b] for r in range(p)])
+    if c == "gather" and case.rank == 0:
+        return torch.cat([pattern(r, n // p) for r in range(p)])
+    if c == "scatter":
+        return pattern(0, n)[case.rank * (n // p) : (case.rank + 1) * (n // p)]
     return None
 
 
@@ -183,7 +197,7 @@ def _print_rows(coll, world, args, rows, out):
         p50, p99 = float(times.quantile(0.5)), float(times.quantile(0.99))
         algbw = case.nbytes / mean / 1e9 if mean > 0 else 0.0
         busbw = algbw * bus_factor(coll, world)
-        root = 0 if coll in ("broadcast", "reduce") else -1
+        root = 0 if coll in ("broadcast", "reduce", "gather", "scatter") else -1
         redop = args.op if coll in ("all_reduce", "reduce_scatter", "reduce") else "none"
         ratio = mean / ref if ref else float("nan")
         print(
@@ -272,7 +286,11 @@ def build_parser():
     p.add_argument("-o", "--op", default="sum", choices=sorted(OPS))
     p.add_argument("--np", type=int, default=4, help="ranks to spawn (ignored under torchrun)")
     p.add_argument("--backend", default="tilecomm,gloo", help="comma-separated; ratio is relative to the last")
-    p.add_argument("--collective", default="all", help=f"comma-separated of {','.join(COLLECTIVES)}, or all")
+    p.add_argument(
+        "--collective",
+        default="all",
+        help=f"comma-separated of {','.join(COLLECTIVES + MORE_COLLECTIVES)}, or all (= {','.join(COLLECTIVES)})",
+    )
     p.add_argument("--algo", default="", help="also time tilecomm with each named algorithm forced (or 'all')")
     p.add_argument("--jsonl", default="", help="append one JSON record per row to this file")
     return p

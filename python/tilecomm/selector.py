@@ -1,26 +1,54 @@
-"""Picks an algorithm per (collective, size) from cost terms and constants.
+"""Picks an algorithm per (collective, size) from cost terms and a profile of constants.
 
-The predicted time of an algorithm is its own cost terms (read off its schedule,
-see ``schedule.cost_terms``) times the constants of a profile:
-``rounds * alpha + wire * n * beta + reduced * n * gamma`` for an n-byte buffer.
+The predicted time of algorithm A on an n-byte buffer of dtype d is (``predict``,
+the one formula; see docs/selector.md)::
+
+    corr_lat(A) * rounds * alpha_link
+      + corr_bw(A) * (wire * n * beta_link + reduced * n * gamma_d)
+
+``rounds``, ``wire`` and ``reduced`` are A's own cost terms (read off its
+schedule, see ``schedule.cost_terms``, or declared next to a direct algorithm);
+alpha and beta belong to a link class (``shm``: shared memory on one host),
+gamma to a dtype, and the two corrections to A at one world size. A profile
+holds those constants: the shipped default below, or one fitted on the machine
+by ``python -m tilecomm.tune`` and named by ``TILECOMM_PROFILE``.
+
 The decision table lists, per collective, size ranges and the algorithm that
 wins in each; it is built once per group (by rank 0) and handed to the engine,
-which only looks it up per call.
+which only looks it up per call. Tables are by byte size alone, so they are
+computed with float32's gamma whatever the dtype of a call.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import math
 from dataclasses import dataclass
 
 from tilecomm import algorithms
 from tilecomm.schedule import CostTerms, cost_terms
 
+log = logging.getLogger("tilecomm")
+
+SCHEMA_VERSION = 1
+LINK = "shm"  # the only link class this version connects ranks over
+TABLE_DTYPE = "float32"  # decision tables are by byte size; they use this dtype's gamma
+
 # Shipped conservative constants for shared memory on one host.
 DEFAULT_PROFILE = {
+    "version": SCHEMA_VERSION,
     "name": "default (shipped)",
-    "alpha_s": 4e-6,  # per round: a flag round trip, often a context switch when ranks share cores
-    "beta_s_per_byte": 1 / 2.0e9,  # copy in and out of a slot
-    "gamma_s_per_byte": 1 / 2.0e9,  # element-wise reduction
+    "links": {
+        "shm": {
+            "alpha_s": 4e-6,  # per round: a flag round trip, often a context switch when ranks share cores
+            "beta_s_per_byte": 1 / 2.0e9,  # copy in and out of a slot
+        },
+    },
+    # Element-wise reduction; "default" serves every dtype not listed.
+    "gamma_s_per_byte": {"float32": 1 / 2.0e9, "default": 1 / 2.0e9},
+    # {"<world size>": {"<algorithm id>": {"latency": .., "bandwidth": ..}}}; missing means 1.0.
+    "corrections": {},
 }
 
 MAX_BYTES = (1 << 64) - 1
@@ -38,18 +66,66 @@ class Prediction:
         return self.latency_s + self.bandwidth_s + self.reduction_s
 
 
-def terms(algo: algorithms.Algorithm, p: int) -> CostTerms:
+def terms(algo: algorithms.Algorithm, p: int, layout=None) -> CostTerms:
+    """An algorithm's cost terms at p ranks (layout: host index per rank, for topology-aware ones)."""
     if algo.direct:
         return algo.module.cost_terms(p)
-    return cost_terms(algo.schedule(p))
+    return cost_terms(algo.schedule(p, layout))
 
 
-def predict(t: CostTerms, nbytes: int, profile=DEFAULT_PROFILE) -> Prediction:
+def link_constants(profile, link: str = LINK) -> tuple[float, float]:
+    """(alpha in s per message, beta in s per byte) of a link class."""
+    links = profile["links"]
+    if link not in links:
+        raise ValueError(f"profile {profile.get('name', '?')!r} has no link class {link!r} (it has {sorted(links)})")
+    return links[link]["alpha_s"], links[link]["beta_s_per_byte"]
+
+
+def gamma(profile, dtype: str = TABLE_DTYPE) -> float:
+    """Seconds per reduced byte of `dtype` ("float32", "bfloat16", ...); "default" covers unlisted dtypes."""
+    g = profile["gamma_s_per_byte"]
+    if dtype in g:
+        return g[dtype]
+    return g["default"] if "default" in g else g[TABLE_DTYPE]
+
+
+def correction(profile, world: int | None, algo: str | None) -> tuple[float, float]:
+    """(latency, bandwidth) scale factors of an algorithm at a world size; 1.0 where none was fitted."""
+    if world is None or algo is None:
+        return 1.0, 1.0
+    c = profile.get("corrections", {}).get(str(world), {}).get(algo)
+    if c is None:
+        return 1.0, 1.0
+    return c["latency"], c["bandwidth"]
+
+
+def predict(
+    t: CostTerms,
+    nbytes: int,
+    profile=DEFAULT_PROFILE,
+    *,
+    algo: str | None = None,
+    world: int | None = None,
+    dtype: str = TABLE_DTYPE,
+    link: str = LINK,
+) -> Prediction:
+    """Predicted time of one call with cost terms `t` on an `nbytes` buffer.
+
+    `algo` (an algorithm id such as "allreduce_ring") and `world` select the
+    profile's corrections; without them the pure model is returned.
+    """
+    alpha, beta = link_constants(profile, link)
+    c_lat, c_bw = correction(profile, world, algo)
     return Prediction(
-        t.rounds * profile["alpha_s"],
-        t.wire * nbytes * profile["beta_s_per_byte"],
-        t.reduced * nbytes * profile["gamma_s_per_byte"],
+        c_lat * t.rounds * alpha,
+        c_bw * t.wire * nbytes * beta,
+        c_bw * t.reduced * nbytes * gamma(profile, dtype),
     )
+
+
+def predict_algo(algo: algorithms.Algorithm, p: int, nbytes: int, profile=DEFAULT_PROFILE, dtype=TABLE_DTYPE):
+    """``predict`` for a registered algorithm at world size p, with its corrections."""
+    return predict(terms(algo, p), nbytes, profile, algo=algo.name, world=p, dtype=dtype)
 
 
 def parse_forced(spec: str) -> dict[str, str]:
@@ -79,15 +155,19 @@ def parse_forced(spec: str) -> dict[str, str]:
     return forced
 
 
-def build_table(collective: str, p: int, forced: dict[str, str], profile=DEFAULT_PROFILE):
+def build_table(collective: str, p: int, forced: dict[str, str], profile=DEFAULT_PROFILE, layout=None):
     """[(max_bytes, algorithm id), ...] for one collective, smallest sizes first."""
     cands = algorithms.for_collective(collective)
     if collective in forced:
         return [(MAX_BYTES, algorithms.by_name(forced[collective]).id)]
-    cost = {a.id: terms(a, p) for a in cands}
+    cost = {a.id: terms(a, p, layout) for a in cands}
+
+    def total(a, n):
+        return predict(cost[a.id], n, profile, algo=a.name, world=p).total_s
+
     table: list[tuple[int, int]] = []
-    for i, n in enumerate(_GRID):
-        best = min(cands, key=lambda a: (predict(cost[a.id], n, profile).total_s, a.id))
+    for n in _GRID:
+        best = min(cands, key=lambda a: (total(a, n), a.id))
         if table and table[-1][1] == best.id:
             table[-1] = (n, best.id)
         else:
@@ -96,5 +176,120 @@ def build_table(collective: str, p: int, forced: dict[str, str], profile=DEFAULT
     return table
 
 
-def build_tables(p: int, forced: dict[str, str], profile=DEFAULT_PROFILE):
-    return {c: build_table(c, p, forced, profile) for c in algorithms.COLLECTIVES}
+def build_tables(p: int, forced: dict[str, str], profile=DEFAULT_PROFILE, layout=None):
+    return {c: build_table(c, p, forced, profile, layout) for c in algorithms.COLLECTIVES}
+
+
+def lookup(table, nbytes: int) -> algorithms.Algorithm:
+    """The algorithm a decision table picks for an nbytes buffer (as the engine does)."""
+    for max_bytes, aid in table:
+        if nbytes <= max_bytes:
+            return algorithms.ALGORITHMS[aid]
+    raise ValueError(f"decision table does not cover {nbytes} bytes")
+
+
+def table_ranges(table):
+    """[(lo, hi or None for unbounded, algorithm), ...]: a decision table as inclusive byte ranges."""
+    out, lo = [], 0
+    for hi, aid in table:
+        out.append((lo, None if hi == MAX_BYTES else hi, algorithms.ALGORITHMS[aid]))
+        lo = hi + 1
+    return out
+
+
+# Profiles ------------------------------------------------------------------------------------------
+
+
+def load_profile(path: str | None = None):
+    """The profile in the JSON file `path`, or the shipped default when `path` is empty or None.
+
+    Raises ValueError naming the file and what is wrong with it.
+    """
+    if not path:
+        log.info("tilecomm: TILECOMM_PROFILE is not set; using the shipped default profile")
+        return DEFAULT_PROFILE
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as e:
+        raise ValueError(f"profile {path!r}: cannot read it: {e.strerror or e}") from None
+    try:
+        profile = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"profile {path!r}: not valid JSON: {e}") from None
+    check_profile(profile, f"profile {path!r}")
+    return profile
+
+
+def save_profile(profile, path: str):
+    check_profile(profile)
+    with open(path, "w") as f:
+        json.dump(profile, f, indent=1, sort_keys=True)
+        f.write("\n")
+
+
+def check_profile(profile, where: str = "profile"):
+    """Raises ValueError unless `profile` follows the schema (docs/selector.md)."""
+    if not isinstance(profile, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(profile).__name__}")
+    version = profile.get("version", SCHEMA_VERSION)
+    if version != SCHEMA_VERSION:
+        raise ValueError(f"{where}: schema version {version!r} is not supported (this version reads {SCHEMA_VERSION})")
+    links = _member(profile, "links", dict, where)
+    if LINK not in links:
+        raise ValueError(f"{where}: links has no {LINK!r} entry (the link class of ranks on one host)")
+    for name, link in links.items():
+        at = f"{where}: links.{name}"
+        if not isinstance(link, dict):
+            raise ValueError(f"{at}: expected an object")
+        for key in ("alpha_s", "beta_s_per_byte"):
+            _constant(link.get(key), f"{at}.{key}")
+    gammas = _member(profile, "gamma_s_per_byte", dict, where)
+    if TABLE_DTYPE not in gammas:
+        raise ValueError(f"{where}: gamma_s_per_byte has no {TABLE_DTYPE!r} entry (decision tables use it)")
+    for dtype, value in gammas.items():
+        _constant(value, f"{where}: gamma_s_per_byte.{dtype}")
+    corrections = profile.get("corrections", {})
+    if not isinstance(corrections, dict):
+        raise ValueError(f"{where}: corrections: expected an object")
+    for world, per_algo in corrections.items():
+        if not (world.isdigit() and int(world) >= 1):
+            raise ValueError(f"{where}: corrections: key {world!r} is not a world size")
+        if not isinstance(per_algo, dict):
+            raise ValueError(f"{where}: corrections.{world}: expected an object")
+        for algo, c in per_algo.items():
+            at = f"{where}: corrections.{world}.{algo}"
+            if not isinstance(c, dict):
+                raise ValueError(f"{at}: expected an object")
+            for key in ("latency", "bandwidth"):
+                _constant(c.get(key), f"{at}.{key}")
+
+
+def _member(profile, key, kind, where):
+    value = profile.get(key)
+    if not isinstance(value, kind) or not value:
+        raise ValueError(f"{where}: missing or empty {key!r}")
+    return value
+
+
+def _constant(value, where):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{where}: expected a number, got {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{where}: expected a finite number >= 0, got {value!r}")
+
+
+def describe_profile(profile, path: str | None = None) -> str:
+    """One line naming a profile and its main constants (for logs and ``explain``)."""
+    alpha, beta = link_constants(profile)
+    worlds = sorted(profile.get("corrections", {}), key=int)
+    source = f" (from {path})" if path else ""
+    return (
+        f"{profile.get('name', 'unnamed')}{source}: shm alpha {alpha * 1e6:.3g} us, "
+        f"beta {_gbs(beta)}, float32 gamma {_gbs(gamma(profile))}, "
+        f"corrections for world sizes {', '.join(worlds) if worlds else 'none'}"
+    )
+
+
+def _gbs(s_per_byte):
+    return f"{1 / s_per_byte / 1e9:.3g} GB/s" if s_per_byte > 0 else "free"

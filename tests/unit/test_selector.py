@@ -1,5 +1,7 @@
 """tilecomm.selector: TILECOMM_ALGO parsing and the per-size decision tables."""
 
+import json
+
 import pytest
 
 from tilecomm import algorithms, selector
@@ -111,7 +113,7 @@ def test_small_sizes_pick_fewest_rounds_large_sizes_fewest_bytes(coll, p):
     assert small.rounds == min(t.rounds for t in terms.values())
 
     def per_byte(t):
-        return t.wire * prof["beta_s_per_byte"] + t.reduced * prof["gamma_s_per_byte"]
+        return t.wire * prof["links"]["shm"]["beta_s_per_byte"] + t.reduced * prof["gamma_s_per_byte"]["float32"]
 
     large = terms[lookup(table, 1 << 40)]
     assert per_byte(large) == pytest.approx(min(per_byte(t) for t in terms.values()))
@@ -134,9 +136,99 @@ def test_forced_table_is_one_entry():
 
 def test_predict_is_linear_in_the_terms():
     t = selector.terms(algorithms.by_name("allreduce_ring"), 4)
-    prof = {"alpha_s": 1.0, "beta_s_per_byte": 10.0, "gamma_s_per_byte": 100.0}
+    prof = {"links": {"shm": {"alpha_s": 1.0, "beta_s_per_byte": 10.0}}, "gamma_s_per_byte": {"float32": 100.0}}
     pr = selector.predict(t, 8, prof)
     assert pr.latency_s == pytest.approx(t.rounds)
     assert pr.bandwidth_s == pytest.approx(t.wire * 8 * 10)
     assert pr.reduction_s == pytest.approx(t.reduced * 8 * 100)
     assert pr.total_s == pytest.approx(pr.latency_s + pr.bandwidth_s + pr.reduction_s)
+
+
+# Profiles: link classes, gamma per dtype, per-algorithm corrections ---------------------------------
+
+PROFILE = {
+    "links": {"shm": {"alpha_s": 2.0, "beta_s_per_byte": 10.0}, "tcp": {"alpha_s": 50.0, "beta_s_per_byte": 80.0}},
+    "gamma_s_per_byte": {"float32": 100.0, "float16": 300.0, "default": 200.0},
+    "corrections": {"4": {"allreduce_ring": {"latency": 0.5, "bandwidth": 3.0}}},
+}
+
+
+def test_default_profile_follows_the_schema():
+    selector.check_profile(selector.DEFAULT_PROFILE)
+    prof = selector.DEFAULT_PROFILE
+    assert prof["links"]["shm"] == {"alpha_s": 4e-6, "beta_s_per_byte": 1 / 2.0e9}
+    assert prof["gamma_s_per_byte"]["float32"] == prof["gamma_s_per_byte"]["default"] == 1 / 2.0e9
+    assert selector.link_constants(prof) == (4e-6, 1 / 2.0e9)
+
+
+def test_predict_uses_the_link_class_the_dtype_and_the_corrections():
+    ring = algorithms.by_name("allreduce_ring")
+    t = selector.terms(ring, 4)
+    plain = selector.predict(t, 8, PROFILE)
+    assert (plain.latency_s, plain.bandwidth_s, plain.reduction_s) == pytest.approx(
+        (t.rounds * 2.0, t.wire * 8 * 10.0, t.reduced * 8 * 100.0)
+    )
+    half = selector.predict(t, 8, PROFILE, dtype="float16")
+    assert half.reduction_s == pytest.approx(t.reduced * 8 * 300.0)
+    other = selector.predict(t, 8, PROFILE, dtype="int64")  # not listed: "default"
+    assert other.reduction_s == pytest.approx(t.reduced * 8 * 200.0)
+    tcp = selector.predict(t, 8, PROFILE, link="tcp")
+    assert (tcp.latency_s, tcp.bandwidth_s) == pytest.approx((t.rounds * 50.0, t.wire * 8 * 80.0))
+    corrected = selector.predict(t, 8, PROFILE, algo="allreduce_ring", world=4)
+    assert corrected.latency_s == pytest.approx(0.5 * plain.latency_s)
+    assert corrected.bandwidth_s == pytest.approx(3.0 * plain.bandwidth_s)
+    assert corrected.reduction_s == pytest.approx(3.0 * plain.reduction_s)
+    assert selector.predict_algo(ring, 4, 8, PROFILE) == corrected
+    # Corrections are per world size and algorithm: none fitted means none applied.
+    assert selector.predict(t, 8, PROFILE, algo="allreduce_ring", world=8) == plain
+    assert selector.predict(t, 8, PROFILE, algo="allreduce_tree", world=4) == plain
+
+
+def test_unknown_link_class_is_an_error():
+    with pytest.raises(ValueError, match="no link class 'ib'"):
+        selector.predict(selector.terms(algorithms.by_name("allreduce_ring"), 4), 8, PROFILE, link="ib")
+
+
+def test_gamma_without_default_falls_back_to_float32():
+    assert selector.gamma({"gamma_s_per_byte": {"float32": 7.0}}, "bfloat16") == 7.0
+
+
+def _winner_everywhere(coll, p, profile):
+    return {algorithms.ALGORITHMS[aid].name for _, aid in selector.build_table(coll, p, {}, profile)}
+
+
+def test_corrections_change_the_decision_table():
+    prof = json.loads(json.dumps(selector.DEFAULT_PROFILE))
+    base = _winner_everywhere("all_reduce", 8, prof)
+    assert "allreduce_tree" not in base
+    # Make the tree a hundred times cheaper than the model says, at world 8 only.
+    prof["corrections"] = {"8": {"allreduce_tree": {"latency": 0.01, "bandwidth": 0.01}}}
+    assert _winner_everywhere("all_reduce", 8, prof) == {"allreduce_tree"}
+    assert _winner_everywhere("all_reduce", 4, prof) == _winner_everywhere("all_reduce", 4, selector.DEFAULT_PROFILE)
+
+
+def test_table_uses_the_float32_gamma():
+    prof = json.loads(json.dumps(selector.DEFAULT_PROFILE))
+    prof["gamma_s_per_byte"]["float16"] = 1.0  # absurdly slow: would change every decision if used
+    assert selector.build_tables(8, {}, prof) == selector.build_tables(8, {})
+
+
+def test_lookup_and_ranges_follow_the_table():
+    table = selector.build_table("all_reduce", 8, {})
+    ranges = selector.table_ranges(table)
+    assert ranges[0][0] == 0 and ranges[-1][1] is None
+    for (lo, hi, algo), (max_bytes, aid) in zip(ranges, table):
+        assert algo.id == aid
+        assert selector.lookup(table, lo).id == aid
+        if hi is not None:
+            assert hi == max_bytes and selector.lookup(table, hi).id == aid
+    for (_, hi, _), (lo, _, _) in zip(ranges, ranges[1:]):
+        assert lo == hi + 1
+
+
+def test_describe_profile_names_the_source_and_constants():
+    line = selector.describe_profile(selector.DEFAULT_PROFILE)
+    assert "default (shipped)" in line and "alpha 4 us" in line and "none" in line
+    prof = dict(PROFILE, name="mine")
+    line = selector.describe_profile(prof, "/x/p.json")
+    assert "mine (from /x/p.json)" in line and "world sizes 4" in line

@@ -34,7 +34,7 @@ def test_parsing():
     assert got["TILECOMM_SPINS"] == -1
     assert got["TILECOMM_ALGO"] == "ring"
     assert got["TILECOMM_SLEEP_US"] == 100
-    assert got["TILECOMM_YIELDS"] == 8  # untouched settings keep their defaults
+    assert got["TILECOMM_YIELDS"] == 256  # untouched settings keep their defaults
 
 
 def test_empty_means_default():

@@ -1,0 +1,112 @@
+"""Shows how the selector decides: ``python -m tilecomm.explain``.
+
+    python -m tilecomm.explain --collective all_reduce --world-size 8 [--size 1MB] [--profile profile.json]
+
+Prints the decision table of a collective (or of all) at a world size: byte
+ranges and the algorithm picked in each. With ``--size``, also every candidate
+algorithm with its predicted time split into the latency, bandwidth and
+reduction terms, fastest first, the table's pick marked. The profile is
+``--profile``, else TILECOMM_PROFILE, else the shipped default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from tilecomm import algorithms, bench, selector, settings
+
+_UNITS = [(1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")]
+_DTYPES = sorted({str(d).replace("torch.", "") for d in bench.DTYPES.values()})
+
+
+def format_bytes(n: int) -> str:
+    """Exact: "64 KiB" when n is a whole number of a unit, else "65537 B"."""
+    for size, unit in _UNITS:
+        if n >= size and n % size == 0:
+            return f"{n // size} {unit}"
+    return f"{n} B"
+
+
+def table_lines(collective: str, world: int, profile) -> list[str]:
+    table = selector.build_table(collective, world, {}, profile)
+    lines = [f"{collective}, world size {world} (decision table, float32):"]
+    for lo, hi, algo in selector.table_ranges(table):
+        span = f"{format_bytes(lo)} .. {'inf' if hi is None else format_bytes(hi)}"
+        lines.append(f"  {span:<28} {algo.name}")
+    return lines
+
+
+def candidate_lines(collective: str, world: int, nbytes: int, dtype: str, profile) -> list[str]:
+    picked = selector.lookup(selector.build_table(collective, world, {}, profile), nbytes)
+    rows = []
+    for a in algorithms.for_collective(collective):
+        pr = selector.predict_algo(a, world, nbytes, profile, dtype)
+        rows.append((pr.total_s, a.id, a, pr, selector.correction(profile, world, a.name)))
+    rows.sort(key=lambda r: (r[0], r[1]))
+    lines = [
+        f"{collective} of {format_bytes(nbytes)} ({nbytes} B), world size {world}, {dtype}; predicted us:",
+        f"  {'':2}{'algorithm':<34}{'total':>11}{'latency':>11}{'bandwidth':>11}{'reduction':>11}  corrections",
+    ]
+    for total, _, a, pr, (c_lat, c_bw) in rows:
+        mark = "*" if a.id == picked.id else ""
+        lines.append(
+            f"  {mark:<2}{a.name:<34}{total * 1e6:>11.2f}{pr.latency_s * 1e6:>11.2f}"
+            f"{pr.bandwidth_s * 1e6:>11.2f}{pr.reduction_s * 1e6:>11.2f}  latency {c_lat:.3g}, bandwidth {c_bw:.3g}"
+        )
+    lines.append("  * = the decision table's pick")
+    if rows[0][2].id != picked.id:
+        lines.append(
+            f"  note: with {dtype}'s gamma the model prefers {rows[0][2].name}, but decision tables are by byte "
+            "size and built with float32's gamma (docs/selector.md)"
+        )
+    return lines
+
+
+def build_parser():
+    ap = argparse.ArgumentParser(prog="python -m tilecomm.explain", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--collective", required=True, choices=algorithms.COLLECTIVES + ["all"])
+    ap.add_argument("--world-size", type=int, required=True)
+    ap.add_argument("--hosts", type=int, default=1, help="hosts the ranks span (not modelled yet; reported)")
+    ap.add_argument("--size", type=bench.parse_size, help="also break down every candidate at this size (e.g. 1MB)")
+    ap.add_argument("--dtype", default=selector.TABLE_DTYPE, choices=_DTYPES, help="dtype for --size's reduction term")
+    ap.add_argument("--profile", help="profile JSON (default: TILECOMM_PROFILE, else the shipped default)")
+    return ap
+
+
+def main(argv=None):
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if args.world_size < 1:
+        ap.error("--world-size must be >= 1")
+    if args.hosts < 1 or args.hosts > args.world_size:
+        ap.error("--hosts must be between 1 and the world size")
+    if args.size is not None and args.size < 0:
+        ap.error("--size must be >= 0")
+    cfg = settings.resolve()
+    path = args.profile if args.profile is not None else cfg["TILECOMM_PROFILE"]
+    try:
+        profile = selector.load_profile(path or None)
+    except ValueError as e:
+        ap.error(str(e))
+    out = [f"profile: {selector.describe_profile(profile, path or None)}"]
+    if args.hosts > 1:
+        out.append(
+            f"note: --hosts {args.hosts} does not change the model yet: this version connects ranks on one host "
+            "only, so every pair of ranks uses the one link class 'shm'; what follows is the single-host model"
+        )
+    if cfg["TILECOMM_ALGO"]:
+        out.append(f"note: TILECOMM_ALGO={cfg['TILECOMM_ALGO']!r} is set; groups would use the algorithms it forces")
+    colls = algorithms.COLLECTIVES if args.collective == "all" else [args.collective]
+    for coll in colls:
+        out.append("")
+        out += table_lines(coll, args.world_size, profile)
+        if args.size is not None:
+            out.append("")
+            out += candidate_lines(coll, args.world_size, args.size, args.dtype, profile)
+    print("\n".join(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,449 @@
+"""Fits the selector's constants on this machine, or checks a profile against measurements.
+
+    python -m tilecomm.tune --world-sizes 2,4,8 -b 8 -e 16M -f 4 -n 20 -o profile.json
+    TILECOMM_PROFILE=profile.json python train.py          # groups then select with it
+    python -m tilecomm.tune --validate profile.json --world-sizes 2,4,8 --json report.json
+
+Spawns its own ranks for each world size (under torchrun: runs at torchrun's
+world size). Tuning measures, then fits with ``tilecomm.fit``:
+
+1. the shared-memory link: ranks 0 and 1 bounce a message back and forth
+   (tilecomm send/recv); half the median round trip is one message's time;
+2. local reductions: ``tilecomm._C.reduce_into`` (sum) per dtype, on rank 0;
+3. every algorithm of each collective, forced in turn (float32, sum): the
+   median over iterations of one call's time, the slowest rank's.
+
+It writes a profile JSON (docs/selector.md). ``--validate`` times
+auto-selection under a profile against every forced algorithm and prints, per
+collective and world size, the model's prediction error and the regret (time
+of the auto-selected algorithm / time of the fastest).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from datetime import datetime, timezone
+
+import torch
+import torch.distributed as dist
+
+import tilecomm
+from tilecomm import algorithms, bench, fit, launch, selector, settings
+
+REDUCE_DTYPES = ["float32", "float64", "float16", "bfloat16", "int32", "int64", "int8"]
+
+
+# Measurement (runs on every rank) ------------------------------------------------------------------
+
+
+def _grid(args):
+    return list(bench.sizes(args.minbytes, args.maxbytes, args.stepfactor))
+
+
+def _timed(iters, warmup, fn, *args):
+    """Median seconds of one fn(*args) call over `iters` calls, after `warmup` calls."""
+    for _ in range(warmup):
+        fn(*args)
+    times = [0.0] * iters
+    for i in range(iters):
+        t0 = time.perf_counter()
+        fn(*args)
+        times[i] = time.perf_counter() - t0
+    return statistics.median(times)
+
+
+def _bounce(rank, buf):
+    """One round trip of buf between ranks 0 and 1."""
+    if rank == 0:
+        dist.send(buf, 1)
+        dist.recv(buf, 1)
+    else:
+        dist.recv(buf, 0)
+        dist.send(buf, 0)
+
+
+def _ping_pong(rank, args, timing):
+    """[[bytes, one-way seconds], ...] between ranks 0 and 1 (rank 0's list; other ranks wait)."""
+    points = []
+    for n in _grid(args):
+        buf = torch.zeros(n, dtype=torch.uint8)
+        dist.barrier(group=timing)
+        if rank <= 1:
+            points.append([n, _timed(args.iters, args.warmup, _bounce, rank, buf) / 2])
+    dist.barrier(group=timing)
+    return points
+
+
+def _reductions(rank, args, timing):
+    """{dtype: [[bytes, seconds], ...]} of reduce_into(sum) on rank 0; the other ranks wait."""
+    from tilecomm import _C  # noqa: PLC0415  (needs torch.distributed imported first)
+
+    out = {}
+    if rank == 0:
+        for name in args.dtypes:
+            dtype = bench.DTYPES[name]
+            esize = torch.empty((), dtype=dtype).element_size()
+            points = []
+            for n in _grid(args):
+                count = n // esize
+                if count == 0:
+                    continue
+                dst, src = torch.ones(count, dtype=dtype), torch.zeros(count, dtype=dtype)  # dst stays put
+                points.append([count * esize, _timed(args.iters, args.warmup, _C.reduce_into, dst, src, "sum")])
+            out[name] = points
+    dist.barrier(group=timing)
+    return out
+
+
+def _time_algorithms(rank, world, args, timing, with_auto=False):
+    """{collective: {algorithm id (or "auto"): [[bytes, seconds], ...]}}, float32 sum.
+
+    Each algorithm runs in a group of its own, created while TILECOMM_ALGO forces
+    it (bench's way); "auto" is the default group, which selects by its table.
+    """
+    out = {}
+    for coll in args.collectives:
+        by_short = {a.short: a.name for a in algorithms.for_collective(coll)}
+        forced = bench._algo_groups(coll, "all", world)
+        groups = {by_short[key.split(":", 1)[1]]: g for key, g in forced.items()}
+        if with_auto:
+            groups = {"auto": dist.group.WORLD, **groups}
+        points = {name: [] for name in groups}
+        for n in [0] if coll == "barrier" else _grid(args):
+            for name, g in groups.items():  # sizes outside, algorithms inside: drift hits all alike
+                case = bench.Case(coll, n, torch.float32, dist.ReduceOp.SUM, rank, world, g)
+                _, times = bench.time_case(case, args.iters, args.warmup, timing)
+                points[name].append([case.nbytes, float(times.quantile(0.5))])
+        for g in forced.values():
+            dist.destroy_process_group(g)
+        out[coll] = points
+    return out
+
+
+def _start(rank, world):
+    dist.init_process_group("tilecomm", rank=rank, world_size=world)
+    return dist.new_group(backend="gloo")
+
+
+def _tune_worker(rank, world, out_path, args, base_world):
+    os.environ.pop("TILECOMM_PROFILE", None)  # measurements never depend on an earlier profile
+    timing = _start(rank, world)
+    result = {"world": world}
+    if world == base_world:
+        result["links"] = {selector.LINK: _ping_pong(rank, args, timing)}
+        result["reduce"] = _reductions(rank, args, timing)
+    result["collectives"] = _time_algorithms(rank, world, args, timing)
+    _finish(rank, out_path, result)
+
+
+def _validate_worker(rank, world, out_path, args, profile_path):
+    # Rank 0's settings configure the groups: the default group selects with this profile, unforced.
+    if profile_path:
+        os.environ["TILECOMM_PROFILE"] = profile_path
+    else:
+        os.environ.pop("TILECOMM_PROFILE", None)
+    os.environ.pop("TILECOMM_ALGO", None)
+    timing = _start(rank, world)
+    _finish(rank, out_path, {"world": world, "collectives": _time_algorithms(rank, world, args, timing, True)})
+
+
+def _finish(rank, out_path, result):
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump(result, f)
+    dist.destroy_process_group()
+
+
+def _leader():
+    """True in the process that gathers results: the parent, or rank 0 under torchrun."""
+    return not launch.under_torchrun() or os.environ["RANK"] == "0"
+
+
+def _run_worlds(worker, worlds, *extra):
+    """Runs worker(rank, world, out_path, *extra) per world size; rank 0's results (None off the leader)."""
+    results = []
+    with tempfile.TemporaryDirectory(prefix="tilecomm-tune-") as tmp:
+        for world in worlds:
+            path = os.path.join(tmp, f"world-{world}.json")
+            if _leader():
+                print(f"# world size {world} ...", file=sys.stderr, flush=True)
+            launch.run(worker, world, path, *extra)
+            if _leader():
+                with open(path) as f:
+                    results.append(json.load(f))
+    return results if _leader() else None
+
+
+# Tuning --------------------------------------------------------------------------------------------
+
+
+def fingerprint():
+    return {
+        "hostname": socket.gethostname(),
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "tilecomm": tilecomm.__version__,
+        "python": platform.python_version(),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def raw_points(results):
+    """tune's per-world results -> the raw points fit.fit_profile takes."""
+    base = next(r for r in results if "links" in r)
+    return {
+        "dtype": "float32",
+        "links": base["links"],
+        "reduce": base["reduce"],
+        "collectives": {
+            str(r["world"]): {name: pts for per_coll in r["collectives"].values() for name, pts in per_coll.items()}
+            for r in results
+        },
+    }
+
+
+def tune(args, worlds):
+    results = _run_worlds(_tune_worker, worlds, args, worlds[0])
+    if results is None:
+        return 0
+    fp = fingerprint()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", fit.FitWarning)
+        profile = fit.fit_profile(
+            raw_points(results), name=f"tuned on {fp['hostname']} {fp['created']}", fingerprint=fp
+        )
+    profile["warnings"] = [str(w.message) for w in caught]
+    profile["measured_with"] = {
+        "world_sizes": worlds,
+        "collectives": args.collectives,
+        "bytes": [args.minbytes, args.maxbytes, args.stepfactor],
+        "iters": args.iters,
+        "warmup": args.warmup,
+    }
+    selector.save_profile(profile, args.output)
+    print(summary(profile))
+    print(f"\nwrote {args.output}; use it with TILECOMM_PROFILE={os.path.abspath(args.output)}")
+    return 0
+
+
+def _pct(x):
+    return "-" if x is None else f"{x:.0%}"
+
+
+def summary(profile) -> str:
+    """The fitted constants, corrections and fit errors as markdown."""
+    res = profile.get("residuals", {})
+    lines = ["## Link classes", ""]
+    for link, c in profile["links"].items():
+        e = res.get("links", {}).get(link, {})
+        lines.append(
+            f"- {link}: alpha {c['alpha_s'] * 1e6:.3g} us, beta {c['beta_s_per_byte'] * 1e9:.3g} ns/B; "
+            f"fit error median {_pct(e.get('median'))}, worst {_pct(e.get('worst'))} ({e.get('points', 0)} points)"
+        )
+    lines += ["", "## Reduction (gamma)", ""]
+    for dtype, g in profile["gamma_s_per_byte"].items():
+        e = res.get("gamma", {}).get(dtype, {})
+        fitted = f"; fit error median {_pct(e.get('median'))}, worst {_pct(e.get('worst'))}" if e else ""
+        lines.append(f"- {dtype}: {g * 1e9:.3g} ns/B{fitted}")
+    for world, per_algo in profile["corrections"].items():
+        lines += [
+            "",
+            f"## Corrections, world size {world}",
+            "",
+            "| algorithm | latency | bandwidth | error before (median / worst) | after (median / worst) |",
+            "| --- | ---: | ---: | ---: | ---: |",
+        ]
+        for name, c in per_algo.items():
+            e = res.get("corrections", {}).get(world, {}).get(name, {})
+            b, a = e.get("before", {}), e.get("after", {})
+            lines.append(
+                f"| {name} | {c['latency']:.3g} | {c['bandwidth']:.3g} | {_pct(b.get('median'))} / "
+                f"{_pct(b.get('worst'))} | {_pct(a.get('median'))} / {_pct(a.get('worst'))} |"
+            )
+    if profile.get("warnings"):
+        lines += ["", "## Warnings", ""] + [f"- {w}" for w in profile["warnings"]]
+    return "\n".join(lines)
+
+
+# Validation ----------------------------------------------------------------------------------------
+
+
+def validation_rows(results, profile):
+    """One row per (collective, world size): prediction error over every forced algorithm and size,
+    and regret of auto-selection (its measured time / the fastest forced algorithm's) per size."""
+    rows = []
+    registry = {a.name: a for a in algorithms.ALGORITHMS}
+    for r in results:
+        world = r["world"]
+        for coll, per_name in r["collectives"].items():
+            forced = {name: pts for name, pts in per_name.items() if name != "auto"}
+            sizes = [n for n, _ in per_name["auto"]]
+            table = selector.build_table(coll, world, {}, profile)
+            pred, meas, regrets, picked = [], [], [], 0
+            for i, n in enumerate(sizes):
+                times = {name: pts[i][1] for name, pts in forced.items()}
+                for name, t in times.items():
+                    pred.append(selector.predict_algo(registry[name], world, n, profile).total_s)
+                    meas.append(t)
+                fastest = min(times, key=times.get)
+                regrets.append(per_name["auto"][i][1] / times[fastest])
+                picked += selector.lookup(table, n).name == fastest
+            err = fit.errors(pred, meas)
+            rows.append(
+                {
+                    "collective": coll,
+                    "world": world,
+                    "sizes": len(sizes),
+                    "algorithms": len(forced),
+                    "error_median": err["median"],
+                    "error_worst": err["worst"],
+                    "regret_median": statistics.median(regrets),
+                    "regret_worst": max(regrets),
+                    "picked_fastest": picked,
+                }
+            )
+    return rows
+
+
+def validation_markdown(rows, profile_desc) -> str:
+    lines = [
+        f"Profile: {profile_desc}",
+        "",
+        "Prediction error: |predicted - measured| / measured over every forced algorithm and size.",
+        (
+            "Regret: measured time of auto-selection / the fastest forced algorithm's, per size "
+            "(values under 1 are timing noise)."
+        ),
+        "",
+        (
+            "| collective | world | sizes | algorithms | error median | error worst | regret median | regret worst "
+            "| auto picked the fastest |"
+        ),
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['collective']} | {r['world']} | {r['sizes']} | {r['algorithms']} | {_pct(r['error_median'])} "
+            f"| {_pct(r['error_worst'])} | {r['regret_median']:.2f} | {r['regret_worst']:.2f} "
+            f"| {r['picked_fastest']}/{r['sizes']} |"
+        )
+    return "\n".join(lines)
+
+
+def validate(args, worlds):
+    cfg = settings.resolve()
+    path = args.validate or cfg["TILECOMM_PROFILE"]
+    try:
+        profile = selector.load_profile(path or None)  # a bad file fails here, before any rank starts
+    except ValueError as e:
+        raise SystemExit(f"tilecomm.tune: {e}") from None
+    if cfg["TILECOMM_ALGO"]:
+        print(f"# TILECOMM_ALGO={cfg['TILECOMM_ALGO']!r} is ignored: auto-selection is validated", file=sys.stderr)
+    abspath = os.path.abspath(path) if path else ""
+    results = _run_worlds(_validate_worker, worlds, args, abspath)
+    if results is None:
+        return 0
+    rows = validation_rows(results, profile)
+    print(validation_markdown(rows, selector.describe_profile(profile, abspath or None)))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"profile": abspath or "shipped default", "rows": rows, "measured": results}, f, indent=1)
+    return 0
+
+
+# Command line --------------------------------------------------------------------------------------
+
+
+def _names(value, valid, what):
+    if value == "all":
+        return list(valid)
+    names = [x.strip() for x in value.split(",") if x.strip()]
+    bad = [x for x in names if x not in valid]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(bad) or value!r}; valid: {', '.join(valid)}")
+    return names
+
+
+def _world_sizes(value):
+    try:
+        worlds = [int(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {value!r}") from None
+    if not worlds or min(worlds) < 2:
+        raise argparse.ArgumentTypeError("world sizes must be >= 2 (the link is measured between ranks 0 and 1)")
+    return sorted(set(worlds))
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="python -m tilecomm.tune", description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--world-sizes", type=_world_sizes, default="2,4,8", help="ranks to spawn, one run each (default 2,4,8)"
+    )
+    p.add_argument(
+        "--collectives",
+        type=lambda v: _names(v, algorithms.COLLECTIVES, "collective"),
+        default="all",
+        help=f"comma-separated of {','.join(algorithms.COLLECTIVES)}, or all",
+    )
+    p.add_argument("-b", "--minbytes", type=bench.parse_size, default=8, help="smallest size (default 8)")
+    p.add_argument("-e", "--maxbytes", type=bench.parse_size, default=16 << 20, help="largest size (default 16M)")
+    p.add_argument("-f", "--stepfactor", type=int, default=4, help="size multiplier between points (default 4)")
+    p.add_argument("-n", "--iters", type=int, default=20, help="timed calls per size (the median is used)")
+    p.add_argument("-w", "--warmup", type=int, default=5, help="untimed calls before each size (default 5)")
+    p.add_argument(
+        "--dtypes",
+        type=lambda v: _names(v, REDUCE_DTYPES, "dtype"),
+        default="all",
+        help=f"dtypes whose reduction is timed: comma-separated of {','.join(REDUCE_DTYPES)}, or all",
+    )
+    p.add_argument("-o", "--output", default="tilecomm-profile.json", help="profile to write")
+    p.add_argument(
+        "--validate",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="PROFILE",
+        help="check PROFILE (default: TILECOMM_PROFILE, else the shipped one) instead of tuning",
+    )
+    p.add_argument("--json", default="", help="with --validate: also write the report (and the times) here")
+    return p
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.minbytes < 1 or args.maxbytes < args.minbytes:
+        parser.error("sizes: need 1 <= -b <= -e")
+    if args.stepfactor < 2 or args.iters < 1 or args.warmup < 0:
+        parser.error("need -f >= 2, -n >= 1, -w >= 0")
+    worlds = args.world_sizes
+    if launch.under_torchrun():
+        worlds = [int(os.environ["WORLD_SIZE"])]
+        if worlds[0] < 2:
+            parser.error("under torchrun: needs at least 2 ranks")
+    return validate(args, worlds) if args.validate is not None else tune(args, worlds)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

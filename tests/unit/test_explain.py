@@ -1,0 +1,124 @@
+"""python -m tilecomm.explain: the decision table and the per-candidate breakdown it prints."""
+
+import json
+import re
+
+import pytest
+
+from tilecomm import algorithms, explain, selector
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    monkeypatch.delenv("TILECOMM_PROFILE", raising=False)
+    monkeypatch.delenv("TILECOMM_ALGO", raising=False)
+
+
+def run(capsys, *argv):
+    assert explain.main(list(argv)) == 0
+    return capsys.readouterr().out
+
+
+def test_format_bytes():
+    assert explain.format_bytes(0) == "0 B"
+    assert explain.format_bytes(513) == "513 B"
+    assert explain.format_bytes(1024) == "1 KiB"
+    assert explain.format_bytes(3 << 20) == "3 MiB"
+    assert explain.format_bytes((1 << 20) + 1) == "1048577 B"
+
+
+def test_prints_the_decision_table(capsys):
+    out = run(capsys, "--collective", "all_reduce", "--world-size", "8")
+    assert out.startswith("profile: default (shipped)")
+    rows = re.findall(r"^  (\S+ \S+) \.\. (\S+(?: \S+)?)\s+(\w+)$", out, re.M)
+    table = selector.build_table("all_reduce", 8, {})
+    assert [r[2] for r in rows] == [algorithms.ALGORITHMS[aid].name for _, aid in table]
+    assert rows[0][0] == "0 B" and rows[-1][1] == "inf"
+    assert "predicted us" not in out  # no --size, no breakdown
+
+
+def test_size_breaks_down_every_candidate(capsys):
+    out = run(capsys, "--collective", "all_reduce", "--world-size", "8", "--size", "1MB")
+    assert "all_reduce of 1 MiB (1048576 B), world size 8, float32" in out
+    lines = [line for line in out.splitlines() if re.match(r"^  [* ] allreduce_", line)]
+    cands = algorithms.for_collective("all_reduce")
+    assert len(lines) == len(cands)
+    totals = []
+    for line in lines:
+        _mark, name, total, lat, bw, red = re.match(
+            r"^  ([* ]) (\w+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", line
+        ).groups()
+        pr = selector.predict_algo(algorithms.by_name(name), 8, 1 << 20, selector.DEFAULT_PROFILE)
+        assert float(lat) == pytest.approx(pr.latency_s * 1e6, abs=0.01)
+        assert float(bw) == pytest.approx(pr.bandwidth_s * 1e6, abs=0.01)
+        assert float(red) == pytest.approx(pr.reduction_s * 1e6, abs=0.01)
+        assert float(total) == pytest.approx(pr.total_s * 1e6, abs=0.01)
+        totals.append(float(total))
+    assert totals == sorted(totals)
+    marked = [line for line in lines if line.startswith("  *")]
+    picked = selector.lookup(selector.build_table("all_reduce", 8, {}), 1 << 20)
+    assert len(marked) == 1 and picked.name in marked[0]
+    assert lines[0].startswith("  *")  # the table's pick is the model's fastest at float32
+
+
+def test_hosts_is_reported_as_not_modelled(capsys):
+    out = run(capsys, "--collective", "broadcast", "--world-size", "8", "--hosts", "2")
+    assert "--hosts 2 does not change the model yet" in out
+    single = run(capsys, "--collective", "broadcast", "--world-size", "8")
+    assert "--hosts" not in single
+    assert single.split("\n", 1)[1] == out.split("\n", 2)[2]  # same tables
+
+
+def test_profile_option_and_setting(capsys, tmp_path, monkeypatch):
+    prof = json.loads(json.dumps(selector.DEFAULT_PROFILE))
+    prof["name"] = "tree-friendly"
+    prof["corrections"] = {"8": {"allreduce_tree": {"latency": 0.01, "bandwidth": 0.01}}}
+    path = tmp_path / "p.json"
+    selector.save_profile(prof, str(path))
+    out = run(capsys, "--collective", "all_reduce", "--world-size", "8", "--profile", str(path))
+    assert f"tree-friendly (from {path})" in out and "allreduce_tree" in out
+    monkeypatch.setenv("TILECOMM_PROFILE", str(path))
+    assert run(capsys, "--collective", "all_reduce", "--world-size", "8") == out
+
+
+def test_all_collectives(capsys):
+    out = run(capsys, "--collective", "all", "--world-size", "4")
+    for coll in algorithms.COLLECTIVES:
+        assert f"{coll}, world size 4 (decision table, float32):" in out
+
+
+def test_dtype_note_when_gamma_would_change_the_choice(capsys, tmp_path):
+    prof = json.loads(json.dumps(selector.DEFAULT_PROFILE))
+    prof["gamma_s_per_byte"]["float16"] = 1e-6  # reductions dominate: fewest reduced bytes wins
+    path = tmp_path / "p.json"
+    selector.save_profile(prof, str(path))
+    out = run(
+        capsys,
+        "--collective",
+        "all_reduce",
+        "--world-size",
+        "8",
+        "--size",
+        "64",
+        "--dtype",
+        "float16",
+        "--profile",
+        str(path),
+    )
+    assert "built with float32's gamma" in out
+
+
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        (["--collective", "all_reduce", "--world-size", "0"], "--world-size must be >= 1"),
+        (["--collective", "all_reduce", "--world-size", "4", "--hosts", "8"], "--hosts must be between"),
+        (["--collective", "allreduce", "--world-size", "4"], "invalid choice"),
+        (["--collective", "all_reduce", "--world-size", "4", "--profile", "/no/such/profile.json"], "cannot read it"),
+    ],
+)
+def test_bad_arguments(capsys, argv, match):
+    with pytest.raises(SystemExit) as e:
+        explain.main(argv)
+    assert e.value.code == 2
+    assert match in capsys.readouterr().err

@@ -1,0 +1,121 @@
+"""tilecomm.tune's offline parts (no ranks spawned): raw points, validation report, command line;
+and the model lines of tilecomm.plot."""
+
+import pytest
+
+from tilecomm import algorithms, plot, selector, tune
+
+
+def _fake_results(world, coll, times_by_name, auto, sizes):
+    per = {name: [[n, t] for n, t in zip(sizes, ts)] for name, ts in times_by_name.items()}
+    per["auto"] = [[n, t] for n, t in zip(sizes, auto)]
+    return {"world": world, "collectives": {coll: per}}
+
+
+def test_raw_points_merge_worlds():
+    results = [
+        {
+            "world": 2,
+            "links": {"shm": [[8, 1e-5]]},
+            "reduce": {"float32": [[8, 1e-6]]},
+            "collectives": {
+                "all_reduce": {"allreduce_ring": [[8, 2e-5]]},
+                "barrier": {"barrier_dissemination": [[0, 1e-5]]},
+            },
+        },
+        {"world": 4, "collectives": {"all_reduce": {"allreduce_ring": [[8, 4e-5]]}}},
+    ]
+    pts = tune.raw_points(results)
+    assert pts["links"] == {"shm": [[8, 1e-5]]} and pts["reduce"] == {"float32": [[8, 1e-6]]}
+    assert pts["collectives"] == {
+        "2": {"allreduce_ring": [[8, 2e-5]], "barrier_dissemination": [[0, 1e-5]]},
+        "4": {"allreduce_ring": [[8, 4e-5]]},
+    }
+
+
+def test_validation_rows():
+    prof = selector.DEFAULT_PROFILE
+    sizes = [8, 1 << 20]
+    table = selector.build_table("broadcast", 4, {}, prof)
+    names = [a.name for a in algorithms.for_collective("broadcast")]
+    chosen = [selector.lookup(table, n).name for n in sizes]
+    # Measured = predicted x 2 for every algorithm, except the one picked at 1 MiB, which is made slowest.
+    times = {}
+    for name in names:
+        a = algorithms.by_name(name)
+        times[name] = [2 * selector.predict_algo(a, 4, n, prof).total_s for n in sizes]
+    times[chosen[1]][1] *= 10
+    fastest_at_1m = min(names, key=lambda nm: times[nm][1])
+    auto = [times[chosen[0]][0], times[chosen[1]][1]]
+    (row,) = tune.validation_rows([_fake_results(4, "broadcast", times, auto, sizes)], prof)
+    assert (row["collective"], row["world"], row["sizes"], row["algorithms"]) == ("broadcast", 4, 2, len(names))
+    assert row["picked_fastest"] == 1  # at 8 B the model's ranking holds; at 1 MiB its pick is slowest
+    assert row["regret_median"] == pytest.approx((1 + auto[1] / times[fastest_at_1m][1]) / 2)
+    assert row["regret_worst"] == pytest.approx(auto[1] / times[fastest_at_1m][1])
+    assert row["error_median"] == pytest.approx(0.5)  # predicted = measured / 2
+    assert row["error_worst"] == pytest.approx(1 - 1 / 20)
+    md = tune.validation_markdown([row], "p")
+    assert "| broadcast | 4 | 2 |" in md
+
+
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        (["--world-sizes", "1,2"], "world sizes must be >= 2"),
+        (["--world-sizes", "two"], "comma-separated integers"),
+        (["--collectives", "allreduce"], "unknown collective 'allreduce'"),
+        (["--dtypes", "float8"], "unknown dtype 'float8'"),
+        (["-b", "64", "-e", "8"], "1 <= -b <= -e"),
+        (["-f", "1"], "-f >= 2"),
+    ],
+)
+def test_bad_arguments(capsys, argv, match):
+    with pytest.raises(SystemExit) as e:
+        tune.main(argv)
+    assert e.value.code == 2
+    assert match in capsys.readouterr().err
+
+
+def test_validate_rejects_a_bad_profile_before_spawning(tmp_path):
+    bad = tmp_path / "p.json"
+    bad.write_text('{"links": {}}')
+    with pytest.raises(SystemExit, match="missing or empty 'links'"):
+        tune.main(["--validate", str(bad), "--world-sizes", "2"])
+
+
+def test_parser_defaults():
+    args = tune.build_parser().parse_args([])
+    assert args.world_sizes == [2, 4, 8]
+    assert args.collectives == algorithms.COLLECTIVES
+    assert args.dtypes == tune.REDUCE_DTYPES
+    assert (args.minbytes, args.maxbytes, args.stepfactor) == (8, 16 << 20, 4)
+    assert args.validate is None
+    assert tune.build_parser().parse_args(["--validate"]).validate == ""
+
+
+def test_summary_lists_constants_and_corrections():
+    prof = dict(selector.DEFAULT_PROFILE, corrections={"2": {"allreduce_ring": {"latency": 0.25, "bandwidth": 0.5}}})
+    text = tune.summary(prof)
+    assert "shm: alpha 4 us, beta 0.5 ns/B" in text
+    assert "| allreduce_ring | 0.25 | 0.5 |" in text
+
+
+def test_plot_model_series_predicts_each_forced_algorithm():
+    recs = [
+        {"collective": "all_reduce", "backend": "tilecomm:ring", "world": 4, "bytes": n, "dtype": "float"}
+        for n in (1024, 8, 0)
+    ] + [
+        {"collective": "all_reduce", "backend": "tilecomm", "world": 4, "bytes": 8, "dtype": "float"},
+        {"collective": "all_reduce", "backend": "gloo", "world": 4, "bytes": 8, "dtype": "float"},
+        {"collective": "all_reduce", "backend": "tilecomm:no_such_algo", "world": 4, "bytes": 8, "dtype": "float"},
+    ]
+    prof = dict(selector.DEFAULT_PROFILE, corrections={"4": {"allreduce_ring": {"latency": 0.5, "bandwidth": 2.0}}})
+    series = plot.model_series(recs, prof)
+    assert list(series) == [("all_reduce", "tilecomm:ring", 4)]
+    ring = algorithms.by_name("allreduce_ring")
+    pts = series[("all_reduce", "tilecomm:ring", 4)]
+    assert [p[0] for p in pts] == [8, 1024]
+    for n, busbw, t_us in pts:
+        t = selector.predict_algo(ring, 4, n, prof).total_s
+        assert t_us == pytest.approx(t * 1e6)
+        assert busbw == pytest.approx(n / t / 1e9 * 2 * 3 / 4)
