@@ -7,6 +7,10 @@
 #include "common/error.h"
 #include "kernels/reduce.h"
 
+#ifdef TILECOMM_WITH_CUDA
+#include "backend/cuda_glue.hpp"
+#endif
+
 namespace py = pybind11;
 using namespace tilecomm;
 
@@ -84,9 +88,30 @@ PYBIND11_MODULE(_C, m) {
       .def("start", &exec::Engine::start)
       .def("failure", &exec::Engine::failure);
 
-  py::class_<backend::ProcessGroupTilecomm, c10d::Backend, c10::intrusive_ptr<backend::ProcessGroupTilecomm>>(
-      m, "ProcessGroupTilecomm")
-      .def(py::init<std::shared_ptr<exec::Engine>, int64_t>(), py::arg("engine"), py::arg("timeout_ms"));
+  auto pg = py::class_<backend::ProcessGroupTilecomm, c10d::Backend,
+                        c10::intrusive_ptr<backend::ProcessGroupTilecomm>>(m, "ProcessGroupTilecomm")
+                .def(py::init<std::shared_ptr<exec::Engine>, int64_t>(), py::arg("engine"), py::arg("timeout_ms"))
+                .def("cuda_status", &backend::ProcessGroupTilecomm::cudaStatus);
+#ifdef TILECOMM_WITH_CUDA
+  m.attr("HAS_CUDA") = true;
+  // CUDA tensors: the group's Store and key prefix (the cuda_ipc handles are exchanged
+  // through it on first use) and its settings.
+  pg.def(
+      "set_cuda",
+      [](backend::ProcessGroupTilecomm& self, const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix,
+         const std::string& allreduce, uint64_t ipc_bytes, uint64_t two_shot_bytes, int64_t timeout_ms) {
+        backend::CudaSettings s;
+        s.allreduce = allreduce;
+        s.ipc_bytes = ipc_bytes;
+        s.two_shot_bytes = two_shot_bytes;
+        s.timeout_ms = timeout_ms;
+        self.setCuda(std::make_shared<backend::CudaGroup>(self.getRank(), self.getSize(), store, prefix, s));
+      },
+      py::arg("store"), py::arg("prefix"), py::arg("allreduce"), py::arg("ipc_bytes"), py::arg("two_shot_bytes"),
+      py::arg("timeout_ms"));
+#else
+  m.attr("HAS_CUDA") = false;
+#endif
 
   // dst = op(dst, src), element-wise; exposed so tests can check the kernels directly.
   m.def("reduce_into", [](at::Tensor dst, const at::Tensor& src, const std::string& op) {

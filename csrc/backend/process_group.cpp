@@ -5,6 +5,12 @@
 #include "common/error.h"
 #include "kernels/reduce.h"
 
+#ifdef TILECOMM_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+
+#include "backend/cuda_glue.hpp"
+#endif
+
 namespace tilecomm::backend {
 
 namespace {
@@ -54,8 +60,13 @@ namespace {
 
 void checkTensor(const at::Tensor& t, const char* what) {
   TORCH_CHECK_VALUE(t.defined(), "tilecomm: ", what, " is an undefined tensor");
+#ifdef TILECOMM_WITH_CUDA
+  TORCH_CHECK_VALUE(t.device().is_cpu() || t.device().is_cuda(), "tilecomm: ", what, " is on ", t.device(),
+                    " but tilecomm supports only CPU and CUDA tensors");
+#else
   TORCH_CHECK_VALUE(t.device().is_cpu(), "tilecomm: ", what, " is on ", t.device(),
                     " but this tilecomm build supports only CPU tensors");
+#endif
   TORCH_CHECK_VALUE(t.layout() == at::kStrided, "tilecomm: ", what, " must be a dense (strided) tensor, got ",
                     t.layout());
   TORCH_CHECK_VALUE(t.is_contiguous(), "tilecomm: ", what, " must be contiguous (call .contiguous() first)");
@@ -67,8 +78,16 @@ at::Tensor single(std::vector<at::Tensor>& ts, const char* what) {
   return ts[0];
 }
 
+/// `what` (with `[index]` when index >= 0) must be on ref's device.
+void checkDevice(const at::Tensor& ref, const at::Tensor& t, const char* what, int64_t index = -1) {
+  TORCH_CHECK_VALUE(t.device() == ref.device(), "tilecomm: ", what,
+                    index >= 0 ? "[" + std::to_string(index) + "]" : std::string(), " is on ", t.device(),
+                    " but the call's other tensors are on ", ref.device(), " (all must be on one device)");
+}
+
 void checkSame(const at::Tensor& ref, const at::Tensor& t, const char* what, size_t i, bool same_numel = true) {
   checkTensor(t, what);
+  checkDevice(ref, t, what, static_cast<int64_t>(i));
   TORCH_CHECK_TYPE(t.scalar_type() == ref.scalar_type(), "tilecomm: ", what, "[", i, "] has dtype ",
                    t.scalar_type(), " but the input has ", ref.scalar_type());
   TORCH_CHECK_VALUE(!same_numel || t.numel() == ref.numel(), "tilecomm: ", what, "[", i, "] has ", t.numel(),
@@ -108,6 +127,17 @@ DType checkReduction(const at::Tensor& t, const c10d::ReduceOp& op) {
   return *dt;
 }
 
+// OpType::REDUCE_SCATTER_TENSOR_COALESCED where this torch has it (not in 2.11), else COALESCED.
+template <typename E, typename = void>
+struct RsTensorCoalesced {
+  static constexpr E value = E::COALESCED;
+};
+template <typename E>
+struct RsTensorCoalesced<E, std::void_t<decltype(E::REDUCE_SCATTER_TENSOR_COALESCED)>> {
+  static constexpr E value = E::REDUCE_SCATTER_TENSOR_COALESCED;
+};
+constexpr c10d::OpType kReduceScatterTensorCoalesced = RsTensorCoalesced<c10d::OpType>::value;
+
 int64_t timeoutOf(std::chrono::milliseconds t, int64_t dflt) { return t.count() > 0 ? t.count() : dflt; }
 
 char* bytes(const at::Tensor& t) { return static_cast<char*>(t.data_ptr()); }
@@ -116,14 +146,42 @@ char* bytes(const at::Tensor& t) { return static_cast<char*>(t.data_ptr()); }
 
 // ---------------------------------------------------------------- Work
 
-TilecommWork::TilecommWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep)
-    : c10d::Work(rank, type), outputs_(std::move(outputs)), keep_(std::move(keep)) {
-  future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+TilecommWork::TilecommWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep,
+                           std::shared_ptr<CudaOp> cuda)
+    : c10d::Work(rank, type), outputs_(std::move(outputs)), keep_(std::move(keep)), cuda_(std::move(cuda)) {
+  std::vector<c10::Device> devices;
+#ifdef TILECOMM_WITH_CUDA
+  if (cuda_) devices.push_back(cuda_->device);  // a device-aware Future (Note [CUDA streams])
+#endif
+  future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()), devices);
 }
 
 bool TilecommWork::isCompleted() {
-  std::lock_guard<std::mutex> lk(mutex_);
-  return completed_;
+  {
+    std::lock_guard<std::mutex> lk(mutex_);
+    if (!completed_) return false;
+  }
+#ifdef TILECOMM_WITH_CUDA
+  if (cuda_) return cuda_->end.query();
+#endif
+  return true;
+}
+
+bool TilecommWork::wait(std::chrono::milliseconds timeout) {
+  bool done = c10d::Work::wait(timeout);  // the host part; then synchronize()
+#ifdef TILECOMM_WITH_CUDA
+  if (cuda_ && cuda_->direct_seq != 0 && cuda_->end.query()) {
+    std::string err = cuda_->directError();
+    if (!err.empty()) C10_THROW_ERROR(DistBackendError, "tilecomm: " + err);
+  }
+#endif
+  return done;
+}
+
+void TilecommWork::synchronize() {
+#ifdef TILECOMM_WITH_CUDA
+  if (cuda_) cuda_->end.block(c10::cuda::getCurrentCUDAStream(cuda_->device.index()));
+#endif
 }
 
 bool TilecommWork::isSuccess() const {
@@ -143,9 +201,17 @@ void TilecommWork::complete(std::exception_ptr eptr, int source) {
   // NOTE: future callbacks (DDP's) run here, on the thread that completed the op.
   if (eptr) {
     future_->setError(eptr);
-  } else {
-    future_->markCompleted(c10::IValue(outputs_));
+    return;
   }
+#ifdef TILECOMM_WITH_CUDA
+  if (cuda_) {  // the Future's events go on the internal stream, after the operation
+    c10::cuda::CUDAGuard device_guard(cuda_->device);
+    c10::cuda::CUDAStreamGuard stream_guard(cuda_->stream);
+    future_->markCompleted(c10::IValue(outputs_));
+    return;
+  }
+#endif
+  future_->markCompleted(c10::IValue(outputs_));
 }
 
 // ---------------------------------------------------------------- backend
@@ -155,18 +221,62 @@ ProcessGroupTilecomm::ProcessGroupTilecomm(std::shared_ptr<exec::Engine> engine,
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::launch(c10d::OpType type, bool async,
                                                           std::vector<at::Tensor> outputs,
-                                                          std::vector<at::Tensor> keep, Body body) {
-  auto work = c10::make_intrusive<TilecommWork>(rank_, type, std::move(outputs), std::move(keep));
+                                                          std::vector<at::Tensor> reads,
+                                                          std::vector<at::Tensor> writes, Body body, Direct direct) {
+  // A CUDA call's extra state (Note [CUDA streams]); null for CPU calls, which keep
+  // their inputs alive through the Work (their outputs are its result).
+  struct CudaCall {
+    std::shared_ptr<CudaOp> op;
+    std::vector<at::Tensor> reads, writes, keep;
+    Direct direct;
+  };
+  std::shared_ptr<CudaCall> cc;
+#ifdef TILECOMM_WITH_CUDA
+  const at::Tensor* first = !reads.empty() ? &reads[0] : !writes.empty() ? &writes[0] : !outputs.empty() ? &outputs[0]
+                                                                                                        : nullptr;
+  for (const auto* ts : {&reads, &writes, &outputs})
+    for (const at::Tensor& t : *ts)
+      TORCH_CHECK_VALUE(t.device() == first->device(), "tilecomm: ", c10d::opTypeToString(type),
+                        " mixes tensors on ", first->device(), " and ", t.device(), " (all must be on one device)");
+  if (first && first->is_cuda()) {
+    TORCH_CHECK_VALUE(cuda_, "tilecomm: this process group was created without CUDA support");
+    cc = std::make_shared<CudaCall>();
+    cc->op = cuda_->begin(first->device());  // records the ready event on the current stream
+    cc->keep = reads;
+    cc->keep.insert(cc->keep.end(), writes.begin(), writes.end());
+    cc->reads = std::move(reads);
+    cc->writes = std::move(writes);
+    cc->direct = std::move(direct);
+  }
+#else
+  (void)writes, (void)direct;
+#endif
+  auto work = c10::make_intrusive<TilecommWork>(rank_, type, std::move(outputs), cc ? cc->keep : std::move(reads),
+                                                cc ? cc->op : nullptr);
   auto result = std::make_shared<std::exception_ptr>();
   exec::Engine::Task task;
-  task.run = [this, result, body = std::move(body)]() {
+  task.run = [this, result, cc, body = std::move(body)]() {
     std::string failed = engine_->failure();
+#ifdef TILECOMM_WITH_CUDA
+    if (failed.empty() && cc) {
+      failed = cuda_->failure();  // a direct kernel that timed out fails the group
+      if (!failed.empty()) engine_->fail(failed, true);
+    }
+#endif
     if (!failed.empty()) {
       *result = failedGroup(failed);
       return;
     }
     try {
-      body();
+#ifdef TILECOMM_WITH_CUDA
+      if (cc) {
+        cc->op->run(cc->keep, [&] {
+          if (!(cc->direct && cc->direct(*cc->op))) cuda_->runStaged(cc->reads, cc->writes, body);
+        });
+        return;
+      }
+#endif
+      body(Host{});
     } catch (const Error& e) {
       if (e.kind() != ErrorKind::kInvalid) engine_->fail(e.what(), e.kind() != ErrorKind::kAborted);
       *result = toException(e);
@@ -185,17 +295,24 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::launch(c10d::OpType type, b
   return work;
 }
 
+namespace {
+/// PREMUL_SUM: the factor is applied before the sum.
+void premultiply(at::Tensor& t, const c10d::ReduceOp& op) {
+  if (op.op_ != c10d::ReduceOp::PREMUL_SUM) return;
+  // NOTE: the NCCL-prefixed name exists in every torch this builds with (2.13 keeps it as an alias).
+  auto* s = dynamic_cast<c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
+  TORCH_CHECK_VALUE(s, "tilecomm: PREMUL_SUM without a factor");
+  if (s->tensor_factor.defined()) {
+    t.mul_(s->tensor_factor.to(t.device(), t.scalar_type()));
+  } else {
+    t.mul_(s->double_factor);
+  }
+}
+}  // namespace
+
 void ProcessGroupTilecomm::reduceOver(Coll coll, at::Tensor& t, const c10d::ReduceOp& op, int root,
                                       uint64_t desc_count, int64_t timeout_ms) {
-  if (op.op_ == c10d::ReduceOp::PREMUL_SUM) {
-    auto* s = dynamic_cast<c10d::PreMulSumSupplement*>(op.supplement_.get());
-    TORCH_CHECK_VALUE(s, "tilecomm: PREMUL_SUM without a factor");
-    if (s->tensor_factor.defined()) {
-      t.mul_(s->tensor_factor.to(t.device(), t.scalar_type()));
-    } else {
-      t.mul_(s->double_factor);
-    }
-  }
+  premultiply(t, op);
   uint64_t nbytes = t.nbytes();
   engine_->run(exec::CollCall{coll, engine_->pick(coll, nbytes), bytes(t), static_cast<uint64_t>(t.numel()),
                               *toDType(t.scalar_type()), engineOp(op), root, desc_count, timeout_ms});
@@ -223,16 +340,45 @@ void finishAverage(at::Tensor& t, const c10d::ReduceOp& op, int size) {
 }
 }  // namespace
 
+ProcessGroupTilecomm::Direct ProcessGroupTilecomm::directAllReduce(const at::Tensor& t, DType dtype,
+                                                                 const c10d::ReduceOp& op, int64_t timeout_ms) {
+#ifdef TILECOMM_WITH_CUDA
+  if (!cuda_) return nullptr;
+  auto algo = cuda_->directFor(t.nbytes(), dtype, engineOp(op));
+  if (!algo) return nullptr;
+  return [this, t = at::Tensor(t), dtype, op, timeout_ms, algo = *algo](CudaOp& cop) mutable {
+    if (!cuda_->directReady()) return false;  // the same answer on every rank
+    premultiply(t, op);  // torch ops, on the internal stream (the current one here)
+    cuda_->allReduceDirect(cop, algo, t, dtype, engineOp(op), timeout_ms);
+    finishAverage(t, op, size_);
+    return true;
+  };
+#else
+  (void)t, (void)dtype, (void)op, (void)timeout_ms;
+  return nullptr;
+#endif
+}
+
+std::string ProcessGroupTilecomm::cudaStatus() const {
+#ifdef TILECOMM_WITH_CUDA
+  return cuda_ ? cuda_->status() : "";
+#else
+  return "";
+#endif
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::allreduce(std::vector<at::Tensor>& tensors,
                                                              const c10d::AllreduceOptions& opts) {
   at::Tensor t = single(tensors, "all_reduce");
-  checkReduction(t, opts.reduceOp);
+  DType dtype = checkReduction(t, opts.reduceOp);
   int64_t timeout = timeoutOf(opts.timeout, timeout_ms_);
   auto op = opts.reduceOp;
-  return launch(c10d::OpType::ALLREDUCE, opts.asyncOp, {t}, {}, [=]() mutable {
-    reduceOver(Coll::kAllReduce, t, op, -1, t.numel(), timeout);
-    finishAverage(t, op, size_);
-  });
+  Direct direct = t.is_cuda() ? directAllReduce(t, dtype, op, timeout) : nullptr;
+  return launch(c10d::OpType::ALLREDUCE, opts.asyncOp, {t}, {t}, {t}, [=](const Host& h) {
+    at::Tensor x = h(t);
+    reduceOver(Coll::kAllReduce, x, op, -1, x.numel(), timeout);
+    finishAverage(x, op, size_);
+  }, std::move(direct));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::allreduce_coalesced(std::vector<at::Tensor>& tensors,
@@ -245,15 +391,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::allreduce_coalesced(std::ve
   int64_t timeout = timeoutOf(opts.timeout, timeout_ms_);
   auto op = opts.reduceOp;
   std::vector<at::Tensor> ts = tensors;
-  return launch(c10d::OpType::ALLREDUCE_COALESCED, opts.asyncOp, ts, {}, [=]() mutable {
+  return launch(c10d::OpType::ALLREDUCE_COALESCED, opts.asyncOp, ts, ts, ts, [=](const Host& h) {
     std::vector<at::Tensor> flat;
-    for (auto& t : ts) flat.push_back(t.reshape({-1}));
+    for (auto& t : ts) flat.push_back(h(t).reshape({-1}));
     at::Tensor buf = at::cat(flat);
     reduceOver(Coll::kAllReduce, buf, op, -1, buf.numel(), timeout);
     finishAverage(buf, op, size_);
     int64_t off = 0;
     for (auto& t : ts) {
-      t.view({-1}).copy_(buf.narrow(0, off, t.numel()));
+      h(t).view({-1}).copy_(buf.narrow(0, off, t.numel()));
       off += t.numel();
     }
   });
@@ -265,8 +411,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::broadcast(std::vector<at::T
   int root = static_cast<int>(opts.rootRank);
   checkRank(root, size_, "root");
   int64_t timeout = timeoutOf(opts.timeout, timeout_ms_);
-  return launch(c10d::OpType::BROADCAST, opts.asyncOp, {t}, {},
-                [=]() mutable { move(Coll::kBroadcast, t, root, t.numel(), timeout); });
+  std::vector<at::Tensor> writes;
+  if (rank_ != root) writes.push_back(t);  // the root's tensor is only read
+  return launch(c10d::OpType::BROADCAST, opts.asyncOp, {t}, {t}, writes, [=](const Host& h) {
+    at::Tensor x = h(t);
+    move(Coll::kBroadcast, x, root, x.numel(), timeout);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::reduce(std::vector<at::Tensor>& tensors,
@@ -277,11 +427,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::reduce(std::vector<at::Tens
   checkRank(root, size_, "root");
   int64_t timeout = timeoutOf(opts.timeout, timeout_ms_);
   auto op = opts.reduceOp;
-  return launch(c10d::OpType::REDUCE, opts.asyncOp, {t}, {}, [=]() mutable {
+  std::vector<at::Tensor> writes;
+  if (rank_ == root) writes.push_back(t);
+  return launch(c10d::OpType::REDUCE, opts.asyncOp, {t}, {t}, writes, [=](const Host& h) {
     // Only the root's tensor changes; other ranks reduce in a scratch copy.
-    at::Tensor buf = rank_ == root ? t : t.clone();
+    at::Tensor x = h(t);
+    at::Tensor buf = rank_ == root ? x : x.clone();
     reduceOver(Coll::kReduce, buf, op, root, t.numel(), timeout);
-    if (rank_ == root) finishAverage(t, op, size_);
+    if (rank_ == root) finishAverage(x, op, size_);
   });
 }
 
@@ -289,15 +442,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::_allgather_base(at::Tensor&
                                                                    const c10d::AllgatherOptions& opts) {
   checkTensor(input, "all_gather input");
   checkTensor(output, "all_gather output");
+  checkDevice(input, output, "all_gather output");
   TORCH_CHECK_TYPE(output.scalar_type() == input.scalar_type(), "tilecomm: all_gather output has dtype ",
                    output.scalar_type(), " but the input has ", input.scalar_type());
   TORCH_CHECK_VALUE(output.numel() == input.numel() * size_, "tilecomm: all_gather output has ", output.numel(),
                     " elements; expected world size (", size_, ") x input (", input.numel(), ")");
   int64_t timeout = timeoutOf(opts.timeout, timeout_ms_);
   at::Tensor in = input, out = output;
-  return launch(c10d::OpType::_ALLGATHER_BASE, opts.asyncOp, {out}, {in}, [=]() mutable {
-    at::Tensor flat = out.view({-1});
-    flat.narrow(0, rank_ * in.numel(), in.numel()).copy_(in.view({-1}));
+  return launch(c10d::OpType::_ALLGATHER_BASE, opts.asyncOp, {out}, {in}, {out}, [=](const Host& h) {
+    at::Tensor flat = h(out).view({-1});
+    flat.narrow(0, rank_ * in.numel(), in.numel()).copy_(h(in).view({-1}));
     move(Coll::kAllGather, flat, -1, in.numel(), timeout);
   });
 }
@@ -312,11 +466,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::allgather(std::vector<std::
                     " tensors; expected the world size ", size_);
   for (size_t i = 0; i < outs.size(); ++i) checkSame(in, outs[i], "all_gather output", i);
   int64_t timeout = timeoutOf(opts.timeout, timeout_ms_);
-  return launch(c10d::OpType::ALLGATHER, opts.asyncOp, outs, {in}, [=]() mutable {
-    at::Tensor buf = at::empty({size_ * in.numel()}, in.options());
-    buf.narrow(0, rank_ * in.numel(), in.numel()).copy_(in.view({-1}));
+  return launch(c10d::OpType::ALLGATHER, opts.asyncOp, outs, {in}, outs, [=](const Host& h) {
+    at::Tensor x = h(in);
+    at::Tensor buf = at::empty({size_ * in.numel()}, x.options());
+    buf.narrow(0, rank_ * in.numel(), in.numel()).copy_(x.view({-1}));
     move(Coll::kAllGather, buf, -1, in.numel(), timeout);
-    for (int r = 0; r < size_; ++r) outs[r].view({-1}).copy_(buf.narrow(0, r * in.numel(), in.numel()));
+    for (int r = 0; r < size_; ++r) h(outs[r]).view({-1}).copy_(buf.narrow(0, r * in.numel(), in.numel()));
   });
 }
 
@@ -333,7 +488,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::allgather_coalesced(
     all_out.insert(all_out.end(), outputs[i].begin(), outputs[i].end());
   }
   // One work for the batch, issued after its parts, so it runs once they are done.
-  return launch(c10d::OpType::ALLGATHER_COALESCED, opts.asyncOp, all_out, {}, [works]() {
+  return launch(c10d::OpType::ALLGATHER_COALESCED, opts.asyncOp, all_out, {}, {}, [works](const Host&) {
     for (auto& w : works) w->wait();
   });
 }
@@ -344,7 +499,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::allgather_into_tensor_coale
                     inputs.size(), " inputs but ", outputs.size(), " outputs");
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
   for (size_t i = 0; i < inputs.size(); ++i) works.push_back(_allgather_base(outputs[i], inputs[i], opts));
-  return launch(c10d::OpType::COALESCED, opts.asyncOp, outputs, {}, [works]() {
+  return launch(c10d::OpType::COALESCED, opts.asyncOp, outputs, {}, {}, [works](const Host&) {
     for (auto& w : works) w->wait();
   });
 }
@@ -353,6 +508,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::_reduce_scatter_base(at::Te
                                                                         const c10d::ReduceScatterOptions& opts) {
   checkTensor(input, "reduce_scatter input");
   checkTensor(output, "reduce_scatter output");
+  checkDevice(input, output, "reduce_scatter output");
   TORCH_CHECK_TYPE(output.scalar_type() == input.scalar_type(), "tilecomm: reduce_scatter output has dtype ",
                    output.scalar_type(), " but the input has ", input.scalar_type());
   TORCH_CHECK_VALUE(input.numel() == output.numel() * size_, "tilecomm: reduce_scatter input has ", input.numel(),
@@ -361,11 +517,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::_reduce_scatter_base(at::Te
   int64_t timeout = timeoutOf(opts.timeout, timeout_ms_);
   auto op = opts.reduceOp;
   at::Tensor in = input, out = output;
-  return launch(c10d::OpType::_REDUCE_SCATTER_BASE, opts.asyncOp, {out}, {in}, [=]() mutable {
-    at::Tensor buf = in.reshape({-1}).clone();
+  return launch(c10d::OpType::_REDUCE_SCATTER_BASE, opts.asyncOp, {out}, {in}, {out}, [=](const Host& h) {
+    at::Tensor buf = h(in).reshape({-1}).clone();
     reduceOver(Coll::kReduceScatter, buf, op, -1, out.numel(), timeout);
-    out.view({-1}).copy_(buf.narrow(0, rank_ * out.numel(), out.numel()));
-    finishAverage(out, op, size_);
+    at::Tensor o = h(out);
+    o.view({-1}).copy_(buf.narrow(0, rank_ * out.numel(), out.numel()));
+    finishAverage(o, op, size_);
   });
 }
 
@@ -381,13 +538,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::reduce_scatter(std::vector<
   checkReduction(out, opts.reduceOp);
   int64_t timeout = timeoutOf(opts.timeout, timeout_ms_);
   auto op = opts.reduceOp;
-  return launch(c10d::OpType::REDUCE_SCATTER, opts.asyncOp, {out}, ins, [=]() mutable {
+  return launch(c10d::OpType::REDUCE_SCATTER, opts.asyncOp, {out}, ins, {out}, [=](const Host& h) {
     std::vector<at::Tensor> flat;
-    for (auto& t : ins) flat.push_back(t.reshape({-1}));
+    for (auto& t : ins) flat.push_back(h(t).reshape({-1}));
     at::Tensor buf = at::cat(flat);
     reduceOver(Coll::kReduceScatter, buf, op, -1, out.numel(), timeout);
-    out.view({-1}).copy_(buf.narrow(0, rank_ * out.numel(), out.numel()));
-    finishAverage(out, op, size_);
+    at::Tensor o = h(out);
+    o.view({-1}).copy_(buf.narrow(0, rank_ * out.numel(), out.numel()));
+    finishAverage(o, op, size_);
   });
 }
 
@@ -397,7 +555,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::reduce_scatter_tensor_coale
                     inputs.size(), " inputs but ", outputs.size(), " outputs");
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
   for (size_t i = 0; i < inputs.size(); ++i) works.push_back(_reduce_scatter_base(outputs[i], inputs[i], opts));
-  return launch(c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, opts.asyncOp, outputs, {}, [works]() {
+  return launch(kReduceScatterTensorCoalesced, opts.asyncOp, outputs, {}, {}, [works](const Host&) {
     for (auto& w : works) w->wait();
   });
 }
@@ -419,15 +577,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::gather(std::vector<std::vec
                       "tilecomm: gather takes output tensors only on the root");
   }
   int64_t timeout = timeoutOf(opts.timeout, timeout_ms_);
-  return launch(c10d::OpType::GATHER, opts.asyncOp, outs, {in}, [=]() mutable {
+  return launch(c10d::OpType::GATHER, opts.asyncOp, outs, {in}, outs, [=](const Host& h) {
     // The schedule's buffer holds blocks in order of rank relative to the root.
     int64_t n = in.numel();
     int v = (rank_ - root + size_) % size_;
-    at::Tensor buf = at::empty({size_ * n}, in.options());
-    buf.narrow(0, v * n, n).copy_(in.view({-1}));
+    at::Tensor x = h(in);
+    at::Tensor buf = at::empty({size_ * n}, x.options());
+    buf.narrow(0, v * n, n).copy_(x.view({-1}));
     move(Coll::kGather, buf, root, n, timeout);
     if (rank_ == root)
-      for (int u = 0; u < size_; ++u) outs[(u + root) % size_].view({-1}).copy_(buf.narrow(0, u * n, n));
+      for (int u = 0; u < size_; ++u) h(outs[(u + root) % size_]).view({-1}).copy_(buf.narrow(0, u * n, n));
   });
 }
 
@@ -448,14 +607,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::scatter(std::vector<at::Ten
                       "tilecomm: scatter takes input tensors only on the root");
   }
   int64_t timeout = timeoutOf(opts.timeout, timeout_ms_);
-  return launch(c10d::OpType::SCATTER, opts.asyncOp, {out}, ins, [=]() mutable {
+  return launch(c10d::OpType::SCATTER, opts.asyncOp, {out}, ins, {out}, [=](const Host& h) {
     int64_t n = out.numel();
     int v = (rank_ - root + size_) % size_;
-    at::Tensor buf = at::empty({size_ * n}, out.options());
+    at::Tensor o = h(out);
+    at::Tensor buf = at::empty({size_ * n}, o.options());
     if (rank_ == root)
-      for (int u = 0; u < size_; ++u) buf.narrow(0, u * n, n).copy_(ins[(u + root) % size_].view({-1}));
+      for (int u = 0; u < size_; ++u) buf.narrow(0, u * n, n).copy_(h(ins[(u + root) % size_]).view({-1}));
     move(Coll::kScatter, buf, root, n, timeout);
-    out.view({-1}).copy_(buf.narrow(0, v * n, n));
+    o.view({-1}).copy_(buf.narrow(0, v * n, n));
   });
 }
 
@@ -465,6 +625,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::alltoall_base(at::Tensor& o
                                                                  const c10d::AllToAllOptions& opts) {
   checkTensor(input, "all_to_all input");
   checkTensor(output, "all_to_all output");
+  checkDevice(input, output, "all_to_all output");
   TORCH_CHECK_TYPE(output.scalar_type() == input.scalar_type(), "tilecomm: all_to_all output has dtype ",
                    output.scalar_type(), " but the input has ", input.scalar_type());
   // Splits count rows of dim 0; no splits means equal parts.
@@ -496,9 +657,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::alltoall_base(at::Tensor& o
   layout(input, input_splits, "input", in_off, in_len);
   layout(output, output_splits, "output", out_off, out_len);
   int64_t timeout = timeoutOf(opts.timeout, timeout_ms_);
+  // Equal splits on every rank: the total size agrees across ranks and picks the
+  // algorithm. Uneven splits: sizes differ per rank, so all use the largest-size choice.
+  bool equal = input_splits.empty() && output_splits.empty();
+  uint64_t total = equal ? input.nbytes() : 0;
+  uint16_t algo = engine_->pick(Coll::kAllToAll, equal ? total : UINT64_MAX);
   at::Tensor in = input, out = output;
-  return launch(c10d::OpType::ALLTOALL_BASE, opts.asyncOp, {out}, {in}, [=]() {
-    engine_->allToAll(bytes(in), in_off, in_len, bytes(out), out_off, out_len, timeout);
+  return launch(c10d::OpType::ALLTOALL_BASE, opts.asyncOp, {out}, {in}, {out}, [=](const Host& h) {
+    engine_->allToAll(algo, bytes(h(in)), in_off, in_len, bytes(h(out)), out_off, out_len, total, timeout);
   });
 }
 
@@ -508,25 +674,30 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::alltoall(std::vector<at::Te
   TORCH_CHECK_VALUE(static_cast<int>(inputs.size()) == size_ && static_cast<int>(outputs.size()) == size_,
                     "tilecomm: all_to_all needs world size (", size_, ") input and output tensors, got ",
                     inputs.size(), " and ", outputs.size());
-  std::vector<size_t> in_off, in_len, out_off, out_len;
   for (int r = 0; r < size_; ++r) {
     checkSame(inputs[0], inputs[r], "all_to_all input", r, false);
     checkSame(inputs[0], outputs[r], "all_to_all output", r, false);
-    // Offsets from address zero: each peer's block is its own tensor.
-    in_off.push_back(reinterpret_cast<size_t>(inputs[r].data_ptr()));
-    in_len.push_back(inputs[r].nbytes());
-    out_off.push_back(reinterpret_cast<size_t>(outputs[r].data_ptr()));
-    out_len.push_back(outputs[r].nbytes());
   }
   int64_t timeout = timeoutOf(opts.timeout, timeout_ms_);
-  return launch(c10d::OpType::ALLTOALL, opts.asyncOp, outputs, inputs, [=]() {
-    engine_->allToAll(nullptr, in_off, in_len, nullptr, out_off, out_len, timeout);
+  // Block sizes may differ per rank, so every rank uses the largest-size choice.
+  uint16_t algo = engine_->pick(Coll::kAllToAll, UINT64_MAX);
+  std::vector<at::Tensor> ins = inputs, outs = outputs;
+  return launch(c10d::OpType::ALLTOALL, opts.asyncOp, outs, ins, outs, [=](const Host& h) {
+    // Offsets from address zero: each peer's block is its own tensor.
+    std::vector<size_t> in_off, in_len, out_off, out_len;
+    for (int r = 0; r < size_; ++r) {
+      in_off.push_back(reinterpret_cast<size_t>(h(ins[r]).data_ptr()));
+      in_len.push_back(ins[r].nbytes());
+      out_off.push_back(reinterpret_cast<size_t>(h(outs[r]).data_ptr()));
+      out_len.push_back(outs[r].nbytes());
+    }
+    engine_->allToAll(algo, nullptr, in_off, in_len, nullptr, out_off, out_len, 0, timeout);
   });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::barrier(const c10d::BarrierOptions& opts) {
   int64_t timeout = timeoutOf(opts.timeout, timeout_ms_);
-  return launch(c10d::OpType::BARRIER, true, {}, {}, [=]() {
+  return launch(c10d::OpType::BARRIER, true, {}, {}, {}, [=](const Host&) {
     engine_->run(exec::CollCall{Coll::kBarrier, engine_->pick(Coll::kBarrier, 0), nullptr, 0, DType::kBytes,
                                 RedOp::kNone, -1, 0, timeout});
   });
@@ -544,7 +715,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::pointToPoint(c10d::OpType t
     checkRank(peer, size_, "peer rank");
     TORCH_CHECK_VALUE(peer != rank_, "tilecomm: rank ", rank_, " cannot send to or receive from itself");
   }
-  auto work = c10::make_intrusive<TilecommWork>(rank_, type, std::vector<at::Tensor>{t}, std::vector<at::Tensor>{t});
+  std::shared_ptr<CudaOp> cop;
+  at::Tensor host = t;  // the bytes the engine moves
+#ifdef TILECOMM_WITH_CUDA
+  if (t.is_cuda()) {  // staged through pinned memory (Note [CUDA streams])
+    TORCH_CHECK_VALUE(cuda_, "tilecomm: this process group was created without CUDA support");
+    cop = cuda_->begin(t.device());
+    host = type == c10d::OpType::SEND
+               ? copyToHost(*cop, t)
+               : at::empty(t.sizes(), at::TensorOptions().dtype(t.scalar_type()).pinned_memory(true));
+  }
+#endif
+  auto work = c10::make_intrusive<TilecommWork>(rank_, type, std::vector<at::Tensor>{t},
+                                                std::vector<at::Tensor>{t, host}, cop);
   std::string failed = engine_->failure();
   if (!failed.empty()) {
     work->complete(failedGroup(failed));
@@ -554,10 +737,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::pointToPoint(c10d::OpType t
   op.send = type == c10d::OpType::SEND;
   op.peer = peer;
   op.tag = tag;
-  op.ptr = bytes(t);
+  op.ptr = bytes(host);
   op.nbytes = t.nbytes();
   op.timeout_ms = timeout_ms_;
-  op.done = [work](int src, const std::string& err) {
+  op.done = [work, cop, t, host, send = op.send](int src, const std::string& err) {
+#ifdef TILECOMM_WITH_CUDA
+    if (err.empty() && cop && !send) {  // the received bytes go to the GPU on the internal stream
+      try {
+        copyFromHost(*cop, t, host);
+      } catch (...) {
+        return work->complete(std::current_exception(), src);
+      }
+    }
+#endif
     if (err.empty()) return work->complete(nullptr, src);
     bool bad_input = err.find(" but the receive posted ") != std::string::npos;
     work->complete(toException(Error(bad_input ? ErrorKind::kInvalid : ErrorKind::kPeerFailed, err)), src);

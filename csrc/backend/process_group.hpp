@@ -15,12 +15,43 @@ namespace tilecomm::backend {
 /// The engine's name for a torch dtype; nullopt for dtypes it can only move as bytes.
 std::optional<DType> toDType(at::ScalarType t);
 
+// CUDA tensors (cuda_glue.hpp, built only when torch has CUDA; Note [CUDA streams]).
+struct CudaOp;
+class CudaGroup;
+
+/// Maps a call's tensors to the ones its body works on: the tensors themselves
+/// (CPU), or pinned host copies (CUDA tensors on the staged path).
+class Host {
+ public:
+  at::Tensor operator()(const at::Tensor& t) const {
+    for (const auto& [impl, h] : twins_)
+      if (impl == t.unsafeGetTensorImpl()) return h;
+    return t;
+  }
+  bool has(const at::Tensor& t) const {
+    for (const auto& tw : twins_)
+      if (tw.first == t.unsafeGetTensorImpl()) return true;
+    return false;
+  }
+  void add(const at::Tensor& t, at::Tensor host) { twins_.emplace_back(t.unsafeGetTensorImpl(), std::move(host)); }
+
+ private:
+  std::vector<std::pair<c10::TensorImpl*, at::Tensor>> twins_;
+};
+
 class TilecommWork : public c10d::Work {
  public:
-  TilecommWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep);
+  TilecommWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep,
+               std::shared_ptr<CudaOp> cuda = nullptr);
+  /// CUDA: also the GPU work is done.
   bool isCompleted() override;
   bool isSuccess() const override;
   std::exception_ptr exception() const override;
+  /// Blocks until the host part is done; CUDA: then the current stream waits on the GPU work
+  /// (the CPU does not), and a direct kernel that already failed raises.
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  /// CUDA: the current stream waits on the operation's end event.
+  void synchronize() override;
   int sourceRank() const override { return source_; }
   std::vector<at::Tensor> result() override { return outputs_; }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
@@ -30,6 +61,7 @@ class TilecommWork : public c10d::Work {
  private:
   std::vector<at::Tensor> outputs_;
   std::vector<at::Tensor> keep_;  // inputs and scratch buffers alive until done
+  std::shared_ptr<CudaOp> cuda_;  // null for CPU work
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   int source_ = -1;
 };
@@ -81,12 +113,25 @@ class ProcessGroupTilecomm : public c10d::Backend {
   uint64_t getSequenceNumberForGroup() override { return 0; }
 
   exec::Engine& engine() { return *engine_; }
+  /// Enables CUDA tensors (CUDA builds): the Store and key prefix of the group's set-up, and its settings.
+  void setCuda(std::shared_ptr<CudaGroup> cuda) { cuda_ = std::move(cuda); }
+  /// The CUDA side's state, for tests and debugging ("" before setCuda).
+  std::string cudaStatus() const;
 
  private:
-  using Body = std::function<void()>;
-  /// The one generic path of every collective (c10d's collective() habit).
+  /// The body of a call; h maps its tensors to the ones to work on (see Host).
+  using Body = std::function<void(const Host& h)>;
+  /// A CUDA call's alternative to staging: runs it on the GPU and returns true, or returns
+  /// false to have it staged. Runs in the task with the internal stream current.
+  using Direct = std::function<bool(CudaOp& op)>;
+  /// The one generic path of every collective (c10d's collective() habit). `outputs` are the
+  /// Work's result; `reads` and `writes` are the tensors the body reads and writes (all on one
+  /// device; CUDA ones are staged, Note [CUDA streams]).
   c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, bool async, std::vector<at::Tensor> outputs,
-                                        std::vector<at::Tensor> keep, Body body);
+                                        std::vector<at::Tensor> reads, std::vector<at::Tensor> writes, Body body,
+                                        Direct direct = nullptr);
+  /// all_reduce of a CUDA tensor by a direct kernel, when the call qualifies (else null).
+  Direct directAllReduce(const at::Tensor& t, DType dtype, const c10d::ReduceOp& op, int64_t timeout_ms);
   c10::intrusive_ptr<c10d::Work> pointToPoint(c10d::OpType type, at::Tensor& t, int peer, int tag);
   /// Runs an in-place reducing schedule over t (all_reduce, reduce, reduce_scatter).
   void reduceOver(Coll coll, at::Tensor& t, const c10d::ReduceOp& op, int root, uint64_t desc_count,
@@ -95,6 +140,7 @@ class ProcessGroupTilecomm : public c10d::Backend {
 
   std::shared_ptr<exec::Engine> engine_;
   int64_t timeout_ms_;
+  std::shared_ptr<CudaGroup> cuda_;  // null: CPU tensors only
 };
 
 }  // namespace tilecomm::backend

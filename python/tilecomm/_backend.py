@@ -11,12 +11,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 from datetime import timedelta
 
 import torch.distributed as dist
 
-from tilecomm import algorithms, selector, settings
+from tilecomm import algorithms, selector, settings, topology
 
 log = logging.getLogger("tilecomm")
 _registered = False
@@ -26,17 +25,16 @@ def register():
     global _registered
     if _registered:
         return
-    dist.Backend.register_backend("tilecomm", create, extended_api=True, devices=["cpu"])
-    _registered = True
-
-
-def _host_id():
     try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = ""
-    return f"{socket.gethostname()}/{boot}"
+        from tilecomm import _C  # noqa: PLC0415  (needs torch.distributed imported first)
+
+        has_cuda = bool(getattr(_C, "HAS_CUDA", False))
+    except ImportError:  # not built: create() reports it
+        has_cuda = False
+    # A build with the CUDA parts serves CUDA tensors too: "tilecomm" alone maps both devices.
+    devices = ["cpu", "cuda"] if has_cuda else ["cpu"]
+    dist.Backend.register_backend("tilecomm", create, extended_api=True, devices=devices)
+    _registered = True
 
 
 def _agree(store, key, rank, make):
@@ -65,11 +63,30 @@ def create(opts, pg_options=None):
     gen = (store.add("tilecomm/creations", 1) - 1) // world
     pre = f"tilecomm/{gen}/"
 
+    # Host labels first: rank 0 needs the layout to price topology-aware algorithms.
+    me = topology.machine_id()
+    store.set(pre + f"host/{rank}", json.dumps([settings.value("TILECOMM_HOSTNAME") or me, me]))
+
     def make_config():
         cfg = settings.resolve()
+        if cfg["TILECOMM_CUDA_ALLREDUCE"] not in settings.CUDA_ALLREDUCE_CHOICES:
+            raise ValueError(
+                f"TILECOMM_CUDA_ALLREDUCE={cfg['TILECOMM_CUDA_ALLREDUCE']!r}: expected one of "
+                + ", ".join(settings.CUDA_ALLREDUCE_CHOICES)
+            )
+        labels = [json.loads(store.get(pre + f"host/{r}").decode())[0] for r in range(world)]
+        if _debug_info(cfg):
+            _enable_info_log()
         forced = selector.parse_forced(cfg["TILECOMM_ALGO"])
-        tables = selector.build_tables(world, forced)
-        return {"settings": cfg, "tables": tables}
+        path = cfg["TILECOMM_PROFILE"]
+        try:
+            profile = selector.load_profile(path or None)
+        except ValueError as e:
+            raise ValueError(f"TILECOMM_PROFILE: {e}") from None
+        layout = topology.Topology(tuple(labels), "shm").layout
+        tables = selector.build_tables(world, forced, profile, layout)
+        profile_info = selector.describe_profile(profile, path or None)
+        return {"settings": cfg, "labels": labels, "tables": tables, "profile": profile_info}
 
     try:
         agreed = _agree(store, pre + "config", rank, make_config)
@@ -90,12 +107,12 @@ def create(opts, pg_options=None):
         sleep_us=cfg["TILECOMM_SLEEP_US"],
         timeout_ms=timeout_ms,
     )
-    store.set(pre + f"peer/{rank}", json.dumps([engine.segment_name(), os.getpid(), _host_id()]))
+    store.set(pre + f"peer/{rank}", json.dumps([engine.segment_name(), os.getpid(), me]))
     peers = [json.loads(store.get(pre + f"peer/{r}").decode()) for r in range(world)]
-    hosts = sorted({h for _, _, h in peers})
-    if len(hosts) > 1:
+    machines = sorted({m for _, _, m in peers})
+    if len(machines) > 1:
         raise RuntimeError(
-            f"tilecomm: this group spans {len(hosts)} hosts, but this version only connects ranks on one host "
+            f"tilecomm: this group spans {len(machines)} machines, but this version only connects ranks on one host "
             "(shared memory); the TCP transport is not available yet"
         )
     engine.connect([n for n, _, _ in peers], [pid for _, pid, _ in peers])
@@ -105,28 +122,51 @@ def create(opts, pg_options=None):
     store.wait([pre + "mapped_all"])
     engine.unlink_own()
 
+    topo = topology.Topology(tuple(agreed["labels"]), "shm")
+    topology.record(opts.group_id, topo)
     for algo in algorithms.ALGORITHMS:
         if algo.direct:
             scheds = []
         else:
-            s = algo.schedule(world)
+            s = algo.schedule(world, topo.layout)
             scheds = [s.for_rank(v) for v in range(world)] if algo.rooted else [s.for_rank(rank)]
         engine.add_algorithm(algo.id, algo.name, algo.coll_id, algo.rooted, algo.direct, scheds)
     for coll, table in agreed["tables"].items():
         engine.set_table(algorithms.COLLECTIVES.index(coll), [tuple(e) for e in table])
-    if cfg["TILECOMM_DEBUG"].upper() == "INFO" and rank == 0:
+    if _debug_info(cfg) and rank == 0:
+        log.info("tilecomm world=%d topology: %s", world, topo)
+        log.info("tilecomm world=%d profile: %s", world, agreed["profile"])
         _log_tables(world, agreed["tables"])
     engine.start()
-    return _C.ProcessGroupTilecomm(engine, timeout_ms)
+    pg = _C.ProcessGroupTilecomm(engine, timeout_ms)
+    if _C.HAS_CUDA:  # CUDA tensors; the cuda_ipc handles go through the Store on first use
+        pg.set_cuda(
+            store,
+            pre,
+            cfg["TILECOMM_CUDA_ALLREDUCE"],
+            max(0, cfg["TILECOMM_CUDA_IPC_BYTES"]),
+            max(0, cfg["TILECOMM_CUDA_TWO_SHOT_BYTES"]),
+            timeout_ms,
+        )
+    return pg
+
+
+def _debug_info(cfg):
+    return cfg["TILECOMM_DEBUG"].upper() == "INFO"
+
+
+def _enable_info_log():
+    """TILECOMM_DEBUG=INFO shows tilecomm's INFO records: on stderr unless the application set up logging."""
+    log.setLevel(logging.INFO)
+    if not log.handlers and not logging.getLogger().handlers:
+        log.addHandler(logging.StreamHandler())
 
 
 def _log_tables(world, tables):
-    names = {a.id: a.name for a in algorithms.ALGORITHMS}
     for coll, table in tables.items():
-        lo, parts = 0, []
-        for hi, aid in table:
-            parts.append(f"[{lo}, {'inf' if hi == selector.MAX_BYTES else hi}] B -> {names[aid]}")
-            lo = hi + 1
+        parts = [
+            f"[{lo}, {'inf' if hi is None else hi}] B -> {algo.name}" for lo, hi, algo in selector.table_ranges(table)
+        ]
         log.info("tilecomm world=%d %s: %s", world, coll, "; ".join(parts))
 
 

@@ -33,7 +33,25 @@ SETTINGS = [
         "TILECOMM_DEBUG",
         str,
         "",
-        "`INFO` logs, once per group, the algorithms registered and the decision table.",
+        "`INFO` logs, once per group (rank 0; to stderr unless the application configured `logging`), "
+        "the selector profile used and the decision table.",
+    ),
+    Setting(
+        "TILECOMM_PROFILE",
+        str,
+        "",
+        "Path of a selector profile (JSON, written by `python -m tilecomm.tune`) whose constants build the "
+        "decision tables; unset: the shipped default. An unreadable or malformed file is an error at init. "
+        "See [selector.md](selector.md).",
+    ),
+    Setting(
+        "TILECOMM_HOSTNAME",
+        str,
+        "",
+        "Host name this process reports for topology discovery (read by each process itself, not taken from "
+        "rank 0); unset: the machine's hostname and boot id. Different values on one machine simulate several "
+        "hosts: the topology and the hierarchical algorithms see them, while the ranks still talk through "
+        "shared memory.",
     ),
     Setting("TILECOMM_SHM_SLOTS", int, 4, "Slots per shared-memory channel (one channel per peer and lane)."),
     Setting(
@@ -48,32 +66,58 @@ SETTINGS = [
         -1,
         "Busy polls before a waiting rank yields its core. -1: 64 when the host has a core per rank, else 0.",
     ),
-    Setting("TILECOMM_YIELDS", int, 8, "sched_yield calls before a waiting rank sleeps on a futex."),
+    Setting("TILECOMM_YIELDS", int, 256, "sched_yield calls before a waiting rank sleeps on a futex."),
     Setting(
         "TILECOMM_SLEEP_US",
         int,
         20000,
         "Longest single futex sleep, in microseconds; peer liveness is checked between sleeps.",
     ),
+    Setting(
+        "TILECOMM_CUDA_ALLREDUCE",
+        str,
+        "auto",
+        "How all_reduce runs on CUDA tensors (CUDA builds). `auto`: the direct `one_shot` kernel below "
+        "`TILECOMM_CUDA_TWO_SHOT_BYTES`, the direct `two_shot` kernel up to `TILECOMM_CUDA_IPC_BYTES`, staged "
+        "through pinned host memory and the CPU engine above; `one_shot` or `two_shot`: that kernel up to "
+        "`TILECOMM_CUDA_IPC_BYTES`; `staged`: always staged. Every other CUDA operation is staged.",
+    ),
+    Setting(
+        "TILECOMM_CUDA_IPC_BYTES",
+        int,
+        4194304,
+        "Bytes of each cuda_ipc staging buffer (two per rank, in GPU memory): the largest all_reduce the direct "
+        "kernels run. 0: no cuda_ipc transport (every CUDA operation is staged).",
+    ),
+    Setting(
+        "TILECOMM_CUDA_TWO_SHOT_BYTES",
+        int,
+        262144,
+        "With `TILECOMM_CUDA_ALLREDUCE=auto`: all_reduce messages of at least this many bytes use `two_shot` "
+        "instead of `one_shot`.",
+    ),
 ]
+
+CUDA_ALLREDUCE_CHOICES = ("auto", "one_shot", "two_shot", "staged")
 
 _BY_NAME = {s.name: s for s in SETTINGS}
 
 
 def resolve(environ=None) -> dict:
     """Reads every setting from ``environ`` (default: the process environment)."""
-    env = os.environ if environ is None else environ
-    out = {}
-    for s in SETTINGS:
-        raw = env.get(s.name)
-        if raw is None or raw == "":
-            out[s.name] = s.default
-            continue
-        try:
-            out[s.name] = s.kind(raw)
-        except ValueError:
-            raise ValueError(f"{s.name}={raw!r}: expected {s.kind.__name__}") from None
-    return out
+    return {s.name: value(s.name, environ) for s in SETTINGS}
+
+
+def value(name: str, environ=None):
+    """One setting, read by this process (for the per-process ones such as TILECOMM_HOSTNAME)."""
+    s = _BY_NAME[name]
+    raw = (os.environ if environ is None else environ).get(name)
+    if raw is None or raw == "":
+        return s.default
+    try:
+        return s.kind(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: expected {s.kind.__name__}") from None
 
 
 def markdown() -> str:

@@ -1,0 +1,41 @@
+// allreduce_one_shot (CUDA, cuda_ipc): every rank copies its buffer into its
+// staging buffer and announces it (one flag per thread block); once all peers
+// have, each rank reads all p staging buffers with 16-byte loads and combines
+// them in rank order. Cost: 1 flag round; per rank n bytes staged and (p-1) x n
+// read from peers and reduced. Wins for small messages, where one round of
+// latency is all that matters. Needs load access to every peer's memory.
+#include "cuda/allreduce.h"
+#include "cuda/dispatch.cuh"
+
+namespace tilecomm::cuda {
+
+template <typename T, RedOp kOp>
+__global__ void __launch_bounds__(kThreads) allreduceOneShotKernel(DirectArgs a) {
+  const uint64_t nvec = (a.nbytes + 15) / 16;
+  const bool aligned = (reinterpret_cast<uintptr_t>(a.data) & 15) == 0;
+  uint64_t lo, hi;
+  blockRange(nvec, lo, hi);
+  char* mine = stagingOf(a.peers.base[a.rank], a.capacity, a.seq);
+  // stage: my share of this block's vectors into my staging buffer, then announce it
+  for (uint64_t v = lo + threadIdx.x; v < hi; v += blockDim.x)
+    storeStaging(mine, v, loadUser(a.data, v, a.nbytes, aligned));
+  signal(a, 0);
+  if (!waitPeers(a, 0)) return;
+  // reduce: every rank combines the same p vectors in rank order
+  for (uint64_t v = lo + threadIdx.x; v < hi; v += blockDim.x)
+    storeUser(a.data, v, a.nbytes, aligned, reduceRanks<T, kOp>(a, v));
+  signal(a, 2);  // done reading the peers' buffers (IpcTransport::drain)
+}
+
+struct OneShot {
+  template <typename T, RedOp kOp>
+  static void launch(const DirectArgs& a, int blocks, cudaStream_t s) {
+    allreduceOneShotKernel<T, kOp><<<blocks, kThreads, 0, s>>>(a);
+  }
+};
+
+void launchOneShot(const DirectArgs& a, int blocks, DType dtype, RedOp op, cudaStream_t s) {
+  dispatch<OneShot>(a, blocks, dtype, op, s);
+}
+
+}  // namespace tilecomm::cuda

@@ -1,0 +1,35 @@
+"""Fixtures of the GPU tests (see gpu_harness.py). Each test module skips itself
+as a whole where there is no GPU, before importing or starting anything."""
+
+import os
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+_POOLS = None
+
+
+@pytest.fixture(scope="session")
+def pools():
+    global _POOLS
+    import gpu_harness
+
+    _POOLS = gpu_harness.Pools()
+    yield _POOLS
+    _POOLS.close_all()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Runs the GPU tests grouped by world size (stable), so each world's processes start once."""
+    def world(item):
+        cs = getattr(item, "callspec", None)
+        w = cs.params.get("world") if cs is not None else None
+        path = str(getattr(item, "path", "")).replace(os.sep, "/")
+        return (0, w) if isinstance(w, int) and "/tests/gpu/" in path else (1, 0)
+
+    order = {id(item): pos for pos, item in enumerate(items)}
+    items.sort(key=lambda it: (world(it), order[id(it)]))

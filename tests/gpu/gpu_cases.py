@@ -1,0 +1,513 @@
+"""Cases that run inside the GPU test workers (see gpu_harness.py).
+
+Pool cases: ``case(rank, world, gloo, **kwargs)``; the default group is
+tilecomm (CUDA tensors on the rank's GPU), ``gloo`` a Gloo group over every
+rank (CPU oracle, and out-of-band checks). Spawn cases: ``case(rank, world,
+port, **kwargs)`` set up their own group. Data is small and integer-valued, so
+every floating-point result is exact and compared bit for bit with the closed
+form; results every rank must share are also checked to be bitwise identical
+across ranks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ReduceOp
+
+DTYPES = {
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "int16": torch.int16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "bool": torch.bool,
+    "complex64": torch.complex64,
+}
+OPS = ["sum", "avg", "product", "min", "max", "premul_sum", "band", "bor", "bxor"]
+PREMUL = 0.5
+
+
+def dev():
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def backend():
+    """The tilecomm backend object serving CUDA tensors in the default group."""
+    return dist.distributed_c10d._get_default_group()._get_backend(torch.device("cuda"))
+
+
+def applicable(op, dt):
+    if dt.is_complex:  # torch.distributed refuses the others on complex tensors
+        return op in ("sum", "avg", "premul_sum")
+    if dt == torch.bool:
+        return op in ("sum", "product", "min", "max", "band", "bor", "bxor")
+    if op in ("band", "bor", "bxor"):
+        return not dt.is_floating_point
+    if op == "premul_sum":
+        return dt.is_floating_point
+    return True
+
+
+def reduce_op(op):
+    if op == "premul_sum":
+        return dist._make_nccl_premul_sum(PREMUL)
+    return getattr(ReduceOp, {"sum": "SUM", "avg": "AVG", "product": "PRODUCT", "min": "MIN", "max": "MAX",
+                              "band": "BAND", "bor": "BOR", "bxor": "BXOR"}[op])
+
+
+def data(rank, n, dt, op="sum", salt=0):
+    """Rank `rank`'s input: small integers (in {1, 2} for PRODUCT so that 8 ranks stay exact)."""
+    i = torch.arange(n, dtype=torch.int64)
+    if op == "product":
+        v = 1 + ((i * 5 + rank * 3 + salt) % 3 == 0).to(torch.int64)
+    else:
+        v = (i * 7 + rank * 3 + salt) % 5
+        if dt.is_floating_point or dt.is_complex or dt in (torch.int8, torch.int16, torch.int32, torch.int64):
+            v = v - 1
+    if dt == torch.bool:
+        return (v % 2 == 1)
+    return v.to(dt)
+
+
+def closed_form(world, n, dt, op, salt=0):
+    xs = [data(r, n, dt, op, salt) for r in range(world)]
+    if dt == torch.bool:
+        stack = torch.stack(xs)
+        if op in ("sum", "max", "bor"):
+            return stack.any(0)
+        if op in ("product", "min", "band"):
+            return stack.all(0)
+        return (stack.sum(0) % 2 == 1)  # bxor
+    if dt.is_complex or dt.is_floating_point:
+        acc = torch.stack([x.to(torch.complex128 if dt.is_complex else torch.float64) for x in xs])
+        if op == "premul_sum":
+            acc = acc * PREMUL
+        r = {"sum": acc.sum(0), "avg": acc.sum(0), "premul_sum": acc.sum(0), "product": acc.prod(0)}.get(op)
+        if r is None:
+            r = acc.amin(0) if op == "min" else acc.amax(0)
+        r = r.to(dt)
+        if op == "avg" and dt.is_complex:  # complex tensors reach the backend viewed as real
+            return torch.view_as_complex(torch.view_as_real(r) / world)
+        return r / world if op == "avg" else r
+    acc = torch.stack([x.to(torch.int64) for x in xs])
+    if op in ("sum", "avg"):
+        r = acc.sum(0)
+    elif op == "product":
+        r = acc.prod(0)
+    elif op == "min":
+        r = acc.amin(0)
+    elif op == "max":
+        r = acc.amax(0)
+    else:
+        r = xs[0].clone()
+        for x in xs[1:]:
+            r = {"band": torch.bitwise_and, "bor": torch.bitwise_or, "bxor": torch.bitwise_xor}[op](r, x)
+        return r
+    r = r.to(dt)  # wraps like the dtype
+    return torch.div(r, world, rounding_mode="trunc") if op == "avg" else r
+
+
+_FAILURES: list[str] = []
+
+
+def check(cond, what):
+    if not cond:
+        _FAILURES.append(what)
+
+
+def check_equal(got, want, what):
+    got = got.cpu()
+    if got.dtype != want.dtype or got.shape != want.shape or not torch.equal(got, want):
+        diff = ""
+        if got.shape == want.shape and got.numel():
+            bad = (got != want).nonzero()
+            if len(bad):
+                i = bad[0][0]
+                diff = f" first bad index {bad[0].tolist()}: got {got.flatten()[i].item()} want {want.flatten()[i].item()}"
+        _FAILURES.append(f"{what}: mismatch ({got.dtype}{tuple(got.shape)} vs {want.dtype}{tuple(want.shape)}){diff}")
+
+
+def digest(t):
+    t = t.detach().cpu().contiguous()
+    return hashlib.sha1(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"").hexdigest()
+
+
+def identical(gloo, t, what):
+    """Checks that every rank holds the same bits."""
+    out = [None] * dist.get_world_size(gloo)
+    dist.all_gather_object(out, digest(t), group=gloo)
+    check(len(set(out)) == 1, f"{what}: results differ across ranks")
+
+
+def finish():
+    global _FAILURES
+    failures, _FAILURES = _FAILURES, []
+    if failures:
+        more = f"\n... and {len(failures) - 20} more" if len(failures) > 20 else ""
+        raise AssertionError("\n".join(failures[:20]) + more)
+
+
+# ---------------------------------------------------------------- all_reduce
+
+
+def status(rank, world, gloo):
+    return backend().cuda_status()
+
+
+def allreduce_matrix(rank, world, gloo, dtypes, ops, sizes, unaligned=False, expect_direct=None):
+    """all_reduce of every (dtype, op, size) on CUDA tensors against the closed form and across ranks."""
+    calls = 0
+    for name in dtypes:
+        dt = DTYPES[name]
+        for op in ops:
+            if not applicable(op, dt):
+                continue
+            for n in sizes:
+                x = data(rank, n, dt, op)
+                if unaligned:  # a view whose data starts 1 element into its storage (not 16-byte aligned)
+                    base = torch.zeros(n + 1, dtype=dt, device=dev())
+                    t = base[1:]
+                    t.copy_(x)
+                else:
+                    t = x.to(dev())
+                dist.all_reduce(t, op=reduce_op(op))
+                what = f"all_reduce {name} {op} n={n}{' unaligned' if unaligned else ''}"
+                check_equal(t, closed_form(world, n, dt, op), what)
+                if unaligned:
+                    check(base[0].item() == 0, f"{what}: wrote before the tensor")
+                identical(gloo, t, what)
+                calls += 1
+    torch.cuda.synchronize()
+    st = backend().cuda_status()
+    if expect_direct is not None:
+        check(f"direct={expect_direct}" in st, f"expected direct={expect_direct}, status: {st}")
+    finish()
+    return calls, st
+
+
+def allreduce_vs_gloo(rank, world, gloo, n):
+    """Random float32 data: tilecomm on CUDA against Gloo on CPU (sums may round differently: allclose)."""
+    g = torch.Generator().manual_seed(1234 + rank)
+    x = torch.randn(n, generator=g)
+    t = x.to(dev())
+    dist.all_reduce(t)
+    ref = x.clone()
+    dist.all_reduce(ref, group=gloo)
+    check(torch.allclose(t.cpu(), ref, rtol=1e-5, atol=1e-5), f"all_reduce n={n} differs from gloo")
+    identical(gloo, t, f"random all_reduce n={n}")
+    finish()
+
+
+# ---------------------------------------------------------------- every other op
+
+
+def every_op(rank, world, gloo, dtype, n):
+    """Every collective and point-to-point op on CUDA tensors, against the closed form."""
+    dt = DTYPES[dtype]
+    d = dev()
+    x = [data(r, n, dt, "sum", salt=11) for r in range(world)]  # what each rank contributes
+    what = f"{dtype} n={n}"
+
+    for root in range(world):
+        t = (x[rank] if rank == root else torch.zeros(n, dtype=dt)).to(d)
+        dist.broadcast(t, src=root)
+        check_equal(t, x[root], f"broadcast root={root} {what}")
+
+    if dt != torch.bool:
+        for root in (0, world - 1):
+            t = x[rank].to(d)
+            dist.reduce(t, dst=root, op=ReduceOp.MAX)
+            want = closed_form(world, n, dt, "max", salt=11) if rank == root else x[rank]
+            check_equal(t, want, f"reduce max root={root} {what}")
+
+    outs = [torch.empty(n, dtype=dt, device=d) for _ in range(world)]
+    dist.all_gather(outs, x[rank].to(d))
+    for r in range(world):
+        check_equal(outs[r], x[r], f"all_gather [{r}] {what}")
+    big = torch.empty(world * n, dtype=dt, device=d)
+    dist.all_gather_into_tensor(big, x[rank].to(d))
+    check_equal(big, torch.cat(x), f"all_gather_into_tensor {what}")
+
+    if dt != torch.bool:
+        # rank r contributes blocks x_r + j for block j; block `rank` of the sum is the output
+        blocks = [(x[rank] + j).to(d) for j in range(world)]
+        out = torch.empty(n, dtype=dt, device=d)
+        dist.reduce_scatter(out, blocks)
+        want = torch.stack([(x[r] + rank).to(torch.float64) for r in range(world)]).sum(0).to(dt)
+        check_equal(out, want, f"reduce_scatter {what}")
+        out2 = torch.empty(n, dtype=dt, device=d)
+        dist.reduce_scatter_tensor(out2, torch.cat(blocks))
+        check_equal(out2, want, f"reduce_scatter_tensor {what}")
+        ref = torch.empty(n, dtype=dt)
+        try:  # Gloo as a second oracle where it supports the call
+            dist.reduce_scatter_tensor(ref, torch.cat([b.cpu() for b in blocks]), group=gloo)
+            check_equal(out2, ref, f"reduce_scatter_tensor vs gloo {what}")
+        except (RuntimeError, ValueError, TypeError, NotImplementedError):
+            pass
+
+    # all_to_all_single, equal splits: block j of rank r is x_r + j
+    src = torch.cat([x[rank] + j if dt != torch.bool else x[rank] for j in range(world)]).to(d)
+    dst = torch.empty_like(src)
+    dist.all_to_all_single(dst, src)
+    want = torch.cat([x[r] + rank if dt != torch.bool else x[r] for r in range(world)])
+    check_equal(dst, want, f"all_to_all_single {what}")
+    # uneven splits: rank r sends (r + j) % 3 rows to rank j
+    in_splits = [(rank + j) % 3 for j in range(world)]
+    out_splits = [(r + rank) % 3 for r in range(world)]
+    src = torch.cat([torch.full((s,), rank * 10 + j, dtype=torch.int64) for j, s in enumerate(in_splits)]).to(d)
+    dst = torch.empty(sum(out_splits), dtype=torch.int64, device=d)
+    dist.all_to_all_single(dst, src, out_splits, in_splits)
+    want = torch.cat([torch.full((s,), r * 10 + rank, dtype=torch.int64) for r, s in enumerate(out_splits)])
+    check_equal(dst, want, "all_to_all_single uneven")
+    ins = [x[rank].to(d) for _ in range(world)]
+    outs = [torch.empty(n, dtype=dt, device=d) for _ in range(world)]
+    dist.all_to_all(outs, ins)
+    for r in range(world):
+        check_equal(outs[r], x[r], f"all_to_all [{r}] {what}")
+
+    root = world - 1
+    gl = [torch.empty(n, dtype=dt, device=d) for _ in range(world)] if rank == root else None
+    dist.gather(x[rank].to(d), gl, dst=root)
+    if rank == root:
+        for r in range(world):
+            check_equal(gl[r], x[r], f"gather [{r}] {what}")
+    out = torch.empty(n, dtype=dt, device=d)
+    dist.scatter(out, [x[r].to(d) for r in range(world)] if rank == 0 else None, src=0)
+    check_equal(out, x[rank], f"scatter {what}")
+
+    if world > 1:  # ring: send to the right, receive from the left
+        right, left = (rank + 1) % world, (rank - 1) % world
+        got = torch.empty(n, dtype=dt, device=d)
+        if rank % 2 == 0:
+            dist.send(x[rank].to(d), right)
+            dist.recv(got, left)
+        else:
+            dist.recv(got, left)
+            dist.send(x[rank].to(d), right)
+        check_equal(got, x[left], f"send/recv {what}")
+        got = torch.empty(n, dtype=dt, device=d)
+        ops = [dist.P2POp(dist.isend, x[rank].to(d), right), dist.P2POp(dist.irecv, got, left)]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        check_equal(got, x[left], f"batch_isend_irecv {what}")
+    dist.barrier()
+    finish()
+
+
+def objects(rank, world, gloo):
+    out = [None] * world
+    dist.all_gather_object(out, {"rank": rank, "v": list(range(rank))})
+    check(out == [{"rank": r, "v": list(range(r))} for r in range(world)], f"all_gather_object: {out}")
+    objs = [f"from {rank}", rank] if rank == 1 % world else [None, None]
+    dist.broadcast_object_list(objs, src=1 % world)
+    check(objs == [f"from {1 % world}", 1 % world], f"broadcast_object_list: {objs}")
+    finish()
+
+
+def bad_input(rank, world, gloo):
+    """Mixed devices are ValueErrors at the call; the group stays usable."""
+    d = dev()
+    errors = []
+    for call in (
+        lambda: dist.all_gather([torch.empty(4) for _ in range(world)], torch.ones(4, device=d)),
+        lambda: dist.all_gather_into_tensor(torch.empty(4 * world), torch.ones(4, device=d)),
+        lambda: dist.reduce_scatter_tensor(torch.empty(4, device=d), torch.ones(4 * world)),
+        lambda: dist.all_to_all_single(torch.empty(4 * world, device=d), torch.ones(4 * world)),
+    ):
+        try:
+            call()
+            errors.append("no error")
+        except ValueError as e:
+            check("device" in str(e), f"unclear message: {e}")
+    check(not errors, f"mixed devices accepted: {errors}")
+    t = torch.ones(3, device=d)
+    dist.all_reduce(t)
+    check_equal(t, torch.full((3,), float(world)), "all_reduce after bad input")
+    finish()
+
+
+# ---------------------------------------------------------------- streams and async
+
+
+def streams(rank, world, gloo, n, direct):
+    """NCCL's stream contract (Note [CUDA streams] in csrc/backend/cuda_glue.hpp)."""
+    d = dev()
+    # 1. The op waits for the caller's stream: a slow kernel, then the fill, then the op, no CPU sync.
+    t = torch.zeros(n, device=d)
+    torch.cuda._sleep(20_000_000)
+    t.fill_(rank + 1)
+    dist.all_reduce(t)
+    check_equal(t, torch.full((n,), float(world * (world + 1) // 2)), "op after a slow fill on the current stream")
+
+    # 2. An async op on a side stream; wait() makes that stream wait; a kernel on it reads the result.
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        u = torch.full((n,), float(rank), device=d)
+        w = dist.all_reduce(u, async_op=True)
+        w.wait()
+        v = u * 2
+    s.synchronize()
+    check_equal(v, torch.full((n,), float(world * (world - 1))), "side stream: kernel after wait()")
+
+    # 3. wait() does not block the CPU on GPU work (direct kernels are enqueued at once).
+    if direct:
+        x = torch.ones(n, device=d)
+        torch.cuda._sleep(200_000_000)  # roughly 0.1 s or more of GPU time
+        t0 = time.monotonic()
+        w = dist.all_reduce(x, async_op=True)
+        w.wait()
+        cpu_s = time.monotonic() - t0
+        t1 = time.monotonic()
+        torch.cuda.current_stream().synchronize()
+        gpu_s = time.monotonic() - t1
+        check(cpu_s < gpu_s, f"wait() blocked the CPU for {cpu_s:.3f} s (the GPU needed {gpu_s:.3f} s more)")
+        check_equal(x, torch.full((n,), float(world)), "direct op after a slow kernel")
+
+    # 4. Several in flight on one group, the same tensor twice (the second sees the first).
+    ts = [torch.full((k + 1,) if k % 2 else (n,), float(k + rank), device=d) for k in range(6)]
+    same = torch.full((n,), 1.0, device=d)
+    works = [dist.all_reduce(t, async_op=True) for t in ts]
+    works += [dist.all_reduce(same, async_op=True), dist.all_reduce(same, async_op=True)]
+    for w in works:
+        w.wait()
+    for k, t in enumerate(ts):
+        check_equal(t, torch.full(t.shape, float(world * k + world * (world - 1) // 2)), f"in flight [{k}]")
+    check_equal(same, torch.full((n,), float(world * world)), "same tensor twice in flight")
+
+    # 5. Outputs stay alive: the only reference is the Work's.
+    w = dist.all_reduce(torch.ones(n, device=d), async_op=True)
+    junk = [torch.full((n,), 7.0, device=d) for _ in range(4)]
+    w.wait()
+    check_equal(w.result()[0], torch.full((n,), float(world)), "output kept alive by the Work")
+    del junk
+
+    # 6. The Future is device-aware: a callback's tensor ops are ordered after the op.
+    y = torch.full((n,), float(rank), device=d)
+    fut = dist.all_reduce(y, async_op=True).get_future().then(lambda f: f.value()[0] * 3)
+    z = fut.wait()
+    check(z.is_cuda, "future value is not on the GPU")
+    check_equal(z, torch.full((n,), 3.0 * world * (world - 1) / 2), "future callback")
+
+    # 7. An all_gather issued async, then a CPU op on the same group, then wait.
+    outs = [torch.empty(n, device=d) for _ in range(world)]
+    w = dist.all_gather(outs, torch.full((n,), float(rank), device=d), async_op=True)
+    c = torch.full((2,), float(rank))
+    dist.all_reduce(c)
+    w.wait()
+    for r in range(world):
+        check_equal(outs[r], torch.full((n,), float(r)), f"async all_gather [{r}]")
+    check_equal(c, torch.full((2,), float(world * (world - 1) // 2)), "cpu all_reduce between")
+    finish()
+
+
+def cpu_and_cuda(rank, world, gloo):
+    """One group serves CPU and CUDA tensors, interleaved."""
+    for k in range(3):
+        a = torch.full((5,), float(rank + k))
+        b = torch.full((5,), float(rank + k), device=dev())
+        dist.all_reduce(a)
+        dist.all_reduce(b)
+        check_equal(a, b.cpu(), f"cpu vs cuda [{k}]")
+    finish()
+
+
+# ---------------------------------------------------------------- DDP
+
+
+def ddp_matches_gloo(rank, world, gloo, steps=5):
+    """DDP on CUDA through tilecomm trains to the same parameters as DDP on CPU through Gloo."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+
+    d = dev()
+    a = DDP(model().to(d), device_ids=[d.index], bucket_cap_mb=0.01)  # several buckets
+    b = DDP(model(), process_group=gloo)
+    oa = torch.optim.SGD(a.parameters(), lr=0.1)
+    ob = torch.optim.SGD(b.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(100 + rank)
+    for _ in range(steps):
+        x, y = torch.randn(16, 32, generator=g), torch.randn(16, 8, generator=g)
+        for m, o, dv in ((a, oa, d), (b, ob, torch.device("cpu"))):
+            o.zero_grad()
+            torch.nn.functional.mse_loss(m(x.to(dv)), y.to(dv)).backward()
+            o.step()
+    for (name, pa), pb in zip(a.module.named_parameters(), b.module.parameters()):
+        check(torch.allclose(pa.detach().cpu(), pb.detach(), rtol=1e-4, atol=1e-5),
+              f"DDP parameter {name}: max diff {(pa.detach().cpu() - pb.detach()).abs().max().item()}")
+        identical(gloo, pa, f"DDP parameter {name}")
+    finish()
+
+
+# ---------------------------------------------------------------- timings
+
+
+def latency(rank, world, gloo, sizes, iters=200):
+    """Median all_reduce latency (float32) per size in microseconds, CUDA events on the current stream."""
+    d = dev()
+    out = {}
+    for nbytes in sizes:
+        t = torch.ones(max(1, nbytes // 4), device=d)
+        for _ in range(20):
+            dist.all_reduce(t)
+        torch.cuda.synchronize()
+        dist.barrier()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            dist.all_reduce(t)
+        end.record()
+        end.synchronize()
+        out[nbytes] = start.elapsed_time(end) * 1000 / iters
+    return out
+
+
+# ---------------------------------------------------------------- spawn cases
+
+
+def spawn_timeout(rank, world, port, timeout_s=3.0):
+    """A rank that never arrives: the direct kernel stops waiting after the group timeout (measured on
+    the GPU), wait() raises naming the rank, and the group fails fast afterwards."""
+    from datetime import timedelta
+
+    import tilecomm  # noqa: F401
+
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group("tilecomm", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}",
+                            timeout=timedelta(seconds=timeout_s))
+    t = torch.ones(16, device=dev())
+    dist.all_reduce(t)  # sets up cuda_ipc on every rank
+    torch.cuda.synchronize()
+    assert t[0].item() == world, t
+    if rank != 0:
+        time.sleep(timeout_s * 4)  # alive, but never calls the second all_reduce
+        return "absent"
+    t0 = time.monotonic()
+    w = dist.all_reduce(t, async_op=True)
+    w.wait()  # the kernel is enqueued; the CPU is not blocked on it
+    enqueued = time.monotonic() - t0
+    torch.cuda.synchronize()  # returns: the kernel gave up waiting
+    waited = time.monotonic() - t0
+    try:
+        w.wait()
+        return f"wait() did not raise (waited {waited:.1f} s)"
+    except Exception as e:  # noqa: BLE001
+        first = str(e)
+    try:
+        dist.all_reduce(torch.ones(4, device=dev()))
+        torch.cuda.synchronize()
+        return f"the group kept working after: {first}"
+    except Exception as e:  # noqa: BLE001
+        second = str(e)
+    return {"enqueued": enqueued, "waited": waited, "first": first, "second": second, "pid": os.getpid()}

@@ -1,0 +1,116 @@
+"""CUDA tensors through tilecomm: every op, dtype and ReduceOp, the direct cuda_ipc kernels and the
+staged path, NCCL's stream contract, DDP against Gloo, and a rank that never arrives.
+
+Skipped as a whole where there is no GPU (see gpu_harness.skip_without_gpu).
+"""
+
+import json
+import os
+
+import gpu_harness
+
+gpu_harness.skip_without_gpu()
+
+import pytest  # noqa: E402
+
+WORLDS = [int(w) for w in os.environ.get("TILECOMM_TEST_GPU_WORLDS", "2,4").split(",") if w]
+
+# TILECOMM_* environments of the pools: how all_reduce runs on CUDA tensors.
+CONFIGS = {
+    "auto": {},
+    "one_shot": {"TILECOMM_CUDA_ALLREDUCE": "one_shot"},
+    "two_shot": {"TILECOMM_CUDA_ALLREDUCE": "two_shot"},
+    "staged": {"TILECOMM_CUDA_ALLREDUCE": "staged"},
+    "smallipc": {"TILECOMM_CUDA_IPC_BYTES": "4096", "TILECOMM_CUDA_TWO_SHOT_BYTES": "256"},
+}
+EXPECT_DIRECT = {"auto": "on", "one_shot": "on", "two_shot": "on", "staged": "unset", "smallipc": "on"}
+
+ALL_DTYPES = ["float16", "bfloat16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64", "bool",
+              "complex64"]
+ALL_OPS = ["sum", "avg", "product", "min", "max", "premul_sum", "band", "bor", "bxor"]
+SIZES = [0, 1, 7, 1031, 65543]
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("world", WORLDS)
+def test_allreduce_every_dtype_and_op(pools, world, config):
+    results = pools.run(world, CONFIGS[config], "allreduce_matrix", dtypes=ALL_DTYPES, ops=ALL_OPS, sizes=SIZES,
+                        expect_direct=EXPECT_DIRECT[config])
+    assert results[0][0] > 300
+
+
+@pytest.mark.parametrize("config", ["one_shot", "two_shot"])
+@pytest.mark.parametrize("world", WORLDS)
+def test_allreduce_unaligned(pools, world, config):
+    pools.run(world, CONFIGS[config], "allreduce_matrix", dtypes=["float16", "int8", "float32", "float64"],
+              ops=["sum", "max"], sizes=[1, 7, 1031, 4099], unaligned=True, expect_direct="on")
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_allreduce_large(pools, world):
+    # 4 MiB + 12 B of float32 is above the default cuda_ipc buffer: staged; the others run two_shot.
+    pools.run(world, {}, "allreduce_matrix", dtypes=["float32", "bfloat16"], ops=["sum", "max"],
+              sizes=[300_001, (1 << 20) - 1, (1 << 20) + 3], expect_direct="on")
+
+
+@pytest.mark.parametrize("config", ["auto", "staged"])
+@pytest.mark.parametrize("world", WORLDS)
+def test_allreduce_random_data_vs_gloo(pools, world, config):
+    for n in (1000, 100_000):
+        pools.run(world, CONFIGS[config], "allreduce_vs_gloo", n=n)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int64", "uint8", "bool"])
+@pytest.mark.parametrize("world", WORLDS)
+def test_every_op(pools, world, dtype):
+    for n in (0, 1, 1031):
+        pools.run(world, {}, "every_op", dtype=dtype, n=n)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_every_op_large(pools, world):
+    pools.run(world, {}, "every_op", dtype="float32", n=300_000)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_objects_bad_input_and_cpu_tensors(pools, world):
+    pools.run(world, {}, "objects")
+    pools.run(world, {}, "bad_input")
+    pools.run(world, {}, "cpu_and_cuda")
+
+
+@pytest.mark.parametrize("config", ["auto", "two_shot", "staged"])
+@pytest.mark.parametrize("world", WORLDS)
+def test_stream_semantics(pools, world, config):
+    for n in (1000, 300_000):
+        pools.run(world, CONFIGS[config], "streams", n=n, direct=config != "staged")
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_ddp_matches_gloo(pools, world):
+    pools.run(world, {}, "ddp_matches_gloo")
+
+
+def test_absent_rank_times_out_on_the_gpu():
+    out = gpu_harness.spawn_ranks(2, "spawn_timeout", {"TILECOMM_CUDA_ALLREDUCE": "one_shot"}, timeout=90.0)
+    assert [o[0] for o in out] == ["ok", "ok"], out
+    r0 = out[0][1]
+    assert isinstance(r0, dict), r0
+    assert r0["enqueued"] < 1.0 and 2.0 < r0["waited"] < 30.0, r0
+    assert "timed out on the GPU" in r0["first"] and "waiting for rank 1" in r0["first"], r0
+    assert "has failed" in r0["second"] and "rank 1" in r0["second"], r0
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_direct_beats_staged_for_small_messages(pools, world):
+    """The cuda_ipc one_shot kernel is the latency path: it must beat the staged path at 8 B."""
+    sizes = [8, 1 << 20]
+    direct = pools.run(world, {}, "latency", sizes=sizes)[0]
+    staged = pools.run(world, CONFIGS["staged"], "latency", sizes=sizes, iters=50)[0]
+    report = {"world": world, "direct_us": direct, "staged_us": staged}
+    print(f"\nall_reduce float32 latency (us), world {world}: {json.dumps(report)}")
+    path = os.environ.get("TILECOMM_TEST_TIMINGS")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(report) + "\n")
+    assert direct[8] < staged[8], report
