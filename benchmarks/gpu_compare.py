@@ -1,0 +1,157 @@
+"""CUDA all_reduce on one GPU shared by several ranks: tilecomm's paths against PyTorch SymmetricMemory.
+
+    python benchmarks/gpu_compare.py --worlds 2,4 -b 1K -e 256M -f 4 --jsonl out.jsonl
+
+Needs a CUDA build of tilecomm and, with several ranks on one GPU, the MPS
+daemon (see scripts/gpu-test). In one run and with one timing method it times
+float32 sum all_reduce through:
+
+- tilecomm with TILECOMM_CUDA_ALLREDUCE = auto, one_shot, two_shot, staged (one
+  group each; the cuda_ipc buffers are sized for the largest message);
+- SymmetricMemory `one_shot_all_reduce` and `two_shot_all_reduce_`
+  (TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES=1 lets ranks share the GPU);
+- a device-to-device copy of the same size, for the HBM bound.
+
+Timing: before each timed call, a device synchronize and a Gloo barrier; the
+call alone is timed with CUDA events; the median over iterations of the
+slowest rank. "bound" is the time of every rank copying its buffer at once
+(2 x world x bytes of HBM traffic: each input read once, each output written
+once), and "copy" the HBM rate that gives; both mean something only from a few
+MB up, where the copy outlasts the barrier's skew.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+
+import torch
+import torch.distributed as dist
+
+from tilecomm import launch
+from tilecomm.bench import parse_size, sizes
+
+PATHS = ["auto", "one_shot", "two_shot", "staged"]
+
+
+def _timed(fn, iters, barrier):
+    times = []
+    for i in range(iters + 3):
+        torch.cuda.synchronize()
+        barrier()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        if i >= 3:  # warm-up calls
+            times.append(start.elapsed_time(end) * 1e-3)
+    return statistics.median(times)
+
+
+def _rank(rank, world, args):
+    os.environ["TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"] = "1"
+    import tilecomm  # noqa: F401  (registers the backend)
+
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    dev = torch.device("cuda", torch.cuda.current_device())
+    grid = list(sizes(args.minbytes, args.maxbytes, args.stepfactor))
+    os.environ["TILECOMM_CUDA_IPC_BYTES"] = str(max(grid))
+    dist.init_process_group("tilecomm", rank=rank, world_size=world)
+    gloo = dist.new_group(backend="gloo")
+    groups = {}
+    for path in PATHS:
+        os.environ["TILECOMM_CUDA_ALLREDUCE"] = path  # rank 0's value is read at group creation
+        groups[f"tilecomm:{path}"] = dist.new_group(backend="tilecomm")
+    os.environ.pop("TILECOMM_CUDA_ALLREDUCE")
+
+    symm = None
+    try:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        if hasattr(symm_mem, "enable_symm_mem_for_group"):
+            symm_mem.enable_symm_mem_for_group(gloo.group_name)
+        symm = symm_mem
+    except Exception as e:  # noqa: BLE001
+        if rank == 0:
+            print(f"# SymmetricMemory unavailable: {type(e).__name__}: {e}", flush=True)
+
+    def barrier():
+        dist.barrier(group=gloo)
+
+    out = open(args.jsonl, "a") if (args.jsonl and rank == 0) else None
+    for nbytes in grid:
+        n = nbytes // 4
+        iters = args.iters if nbytes <= (16 << 20) else max(3, args.iters // 4)
+        row = {}
+        x = torch.zeros(n, device=dev)  # sums stay finite however often they run
+        for name, g in groups.items():
+            try:
+                row[name] = _timed(lambda: dist.all_reduce(x, group=g), iters, barrier)
+            except Exception as e:  # noqa: BLE001
+                row[name] = f"failed: {str(e).splitlines()[0][:60]}"
+        if symm is not None:
+            try:
+                buf = symm.empty(n, dtype=torch.float32, device=dev)
+                buf.zero_()
+                symm.rendezvous(buf, gloo.group_name)
+                row["symm_mem:one_shot"] = _timed(
+                    lambda: torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", gloo.group_name), iters, barrier
+                )
+                row["symm_mem:two_shot"] = _timed(
+                    lambda: torch.ops.symm_mem.two_shot_all_reduce_(buf, "sum", gloo.group_name), iters, barrier
+                )
+                del buf
+            except Exception as e:  # noqa: BLE001
+                row["symm_mem:one_shot"] = row.get("symm_mem:one_shot", f"failed: {str(e).splitlines()[0][:60]}")
+                row.setdefault("symm_mem:two_shot", f"failed: {str(e).splitlines()[0][:60]}")
+        src, dst = torch.ones(n, device=dev), torch.empty(n, device=dev)
+        copy_s = _timed(lambda: dst.copy_(src), iters, barrier)
+        del src, dst, x
+        # The slowest rank's time per entry (failures stay as text).
+        keys = sorted(k for k, v in row.items() if isinstance(v, float))
+        t = torch.tensor([row[k] for k in keys] + [copy_s], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=gloo)
+        for k, v in zip(keys, t.tolist()):
+            row[k] = v
+        # Every rank copied its buffer at once: 2 x world x bytes of HBM traffic, the
+        # least an all_reduce can move (each input read once, each output written once).
+        bound = float(t[-1])
+        copy_rate = 2 * world * nbytes / bound
+        if rank == 0:
+            cells = []
+            for k in sorted(row):
+                v = row[k]
+                cells.append(f"{k}={v * 1e6:.1f}us" if isinstance(v, float) else f"{k}={v}")
+            print(f"world={world} bytes={nbytes} copy={copy_rate / 1e9:.0f}GB/s bound={bound * 1e6:.1f}us "
+                  + " ".join(cells), flush=True)
+            if out:
+                rec = dict(world=world, bytes=nbytes, copy_gbs=copy_rate / 1e9, bound_us=bound * 1e6)
+                rec.update({k: (v * 1e6 if isinstance(v, float) else v) for k, v in row.items()})
+                out.write(json.dumps(rec) + "\n")
+                out.flush()
+    if out:
+        out.close()
+    torch.cuda.synchronize()
+    dist.destroy_process_group()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--worlds", default="2,4")
+    ap.add_argument("-b", "--minbytes", type=parse_size, default=1 << 10)
+    ap.add_argument("-e", "--maxbytes", type=parse_size, default=256 << 20)
+    ap.add_argument("-f", "--stepfactor", type=int, default=4)
+    ap.add_argument("-n", "--iters", type=int, default=20)
+    ap.add_argument("--jsonl", default="")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("gpu_compare: no CUDA device")
+    for w in (int(x) for x in args.worlds.split(",")):
+        launch.run(_rank, w, args)
+
+
+if __name__ == "__main__":
+    main()
