@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import functools
 import hashlib
+import math
 import os
 import time
 from datetime import timedelta
@@ -1831,3 +1832,79 @@ def spawn_p2p_timeout_per_op(rank, world, port, timeout_s=4):
         except Exception as e:
             return {"sent": False, "error": _err(e)}
     return {}
+
+
+def _resources():
+    """(RSS in bytes, open file descriptors, this process's shared-memory segments)."""
+    with open("/proc/self/statm") as f:
+        rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    fds = len(os.listdir("/proc/self/fd"))
+    segs = len([n for n in os.listdir("/dev/shm") if n.startswith(f"tilecomm-{os.getpid()}-")])
+    return rss, fds, segs
+
+
+def spawn_soak(rank, world, port, n_ops=10000, max_bytes=4 << 20, seed=0, timeout_s=120):
+    """Random collectives, sizes (0 B .. max_bytes, log-uniform), dtypes, algorithms (groups
+    with forced algorithms) and small random delays, every result checked against the closed
+    form; returns resource use after the warm-up and at the end, and the number of checks."""
+    import random
+
+    _init(rank, world, port, timeout_s)
+    groups = {"auto": dist.group.WORLD}
+    for spec in ("ring", "recursive_doubling", "all_reduce:one_shot;reduce_scatter:direct;all_to_all:pairwise"):
+        os.environ["TILECOMM_ALGO"] = spec  # rank 0's value is read at group creation
+        groups[spec] = dist.new_group(backend="tilecomm")
+    os.environ.pop("TILECOMM_ALGO")
+    rng = random.Random(seed)  # the same sequence on every rank
+    delay = random.Random(seed * 1000 + rank)  # delays differ per rank
+    dtypes = [torch.float32, torch.float64, torch.int32, torch.int64, torch.bfloat16, torch.int8]
+    colls = ["all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier"]
+    start = None
+    checks = 0
+    for i in range(n_ops):
+        if i == 50:
+            start = _resources()
+        coll = rng.choice(colls)
+        dt = rng.choice(dtypes)
+        g = groups[rng.choice(sorted(groups))]
+        esize = torch.empty((), dtype=dt).element_size()
+        nbytes = int(2 ** rng.uniform(0, math.log2(max_bytes))) if rng.random() > 0.05 else 0
+        n = nbytes // esize // world  # elements per block
+        root = rng.randrange(world)
+        if delay.random() < 0.02:
+            time.sleep(delay.random() * 2e-3)
+        # Values stay exact in every dtype: small per-rank integers.
+        mine = torch.full((n * world,), rank % 3 + 1, dtype=dt)
+        if coll == "all_reduce":
+            dist.all_reduce(mine, group=g)
+            want = sum(r % 3 + 1 for r in range(world))
+            ok = bool((mine == want).all())
+        elif coll == "broadcast":
+            dist.broadcast(mine, src=root, group=g)
+            ok = bool((mine == root % 3 + 1).all())
+        elif coll == "reduce":
+            dist.reduce(mine, dst=root, group=g)
+            ok = rank != root or bool((mine == sum(r % 3 + 1 for r in range(world))).all())
+        elif coll == "all_gather":
+            out = torch.empty(n * world, dtype=dt)
+            dist.all_gather_into_tensor(out, mine[:n], group=g)
+            want = torch.tensor([r % 3 + 1 for r in range(world)], dtype=dt).repeat_interleave(n)
+            ok = torch.equal(out, want)
+        elif coll == "reduce_scatter":
+            out = torch.empty(n, dtype=dt)
+            dist.reduce_scatter_tensor(out, mine, group=g)
+            ok = bool((out == sum(r % 3 + 1 for r in range(world))).all())
+        elif coll == "all_to_all":
+            out = torch.empty(n * world, dtype=dt)
+            dist.all_to_all_single(out, mine, group=g)
+            want = torch.tensor([r % 3 + 1 for r in range(world)], dtype=dt).repeat_interleave(n)
+            ok = torch.equal(out, want)
+        else:
+            dist.barrier(group=g)
+            ok = True
+        if not ok:
+            raise AssertionError(f"soak op {i}: {coll} of {n} x {dt} (root {root}) gave a wrong result")
+        checks += 1
+    end = _resources()
+    dist.destroy_process_group()
+    return {"start": start, "end": end, "checks": checks, "pid": os.getpid()}
