@@ -17,7 +17,9 @@ def test_soak_8_ranks():
         res = o.result
         assert res["checks"] == N_OPS
         (rss0, fds0, segs0), (rss1, fds1, segs1) = res["start"], res["end"]
-        assert fds1 == fds0, f"rank {o.rank}: open file descriptors went from {fds0} to {fds1}"
+        # A descriptor or two may be open for a moment (the Store's connections); a leak per
+        # call would show as thousands.
+        assert fds1 <= fds0 + 4, f"rank {o.rank}: open file descriptors went from {fds0} to {fds1}"
         assert segs1 <= segs0, f"rank {o.rank}: shared-memory segments went from {segs0} to {segs1}"
         # Buffers of up to 4 MB come and go; a leak of one per call would show as hundreds of MB.
         assert rss1 - rss0 < 64 << 20, f"rank {o.rank}: RSS grew by {(rss1 - rss0) >> 20} MB"
