@@ -21,6 +21,16 @@ AllToAllFn findAllToAll(const std::string& name) {
   return nullptr;
 }
 
+void copyOwnBlock(const AllToAllArgs& a) {
+  std::memcpy(a.out + a.out_off[a.rank], a.in + a.in_off[a.rank], a.in_len[a.rank]);
+}
+
+void addExchange(const AllToAllArgs& a, int k, std::vector<exec::Step>& steps) {
+  int to = (a.rank + k) % a.world, from = (a.rank - k + a.world) % a.world;
+  steps.push_back(exec::Step{exec::StepKind::kSend, to, const_cast<char*>(a.in) + a.in_off[to], a.in_len[to], -1});
+  steps.push_back(exec::Step{exec::StepKind::kRecvCopy, from, a.out + a.out_off[from], a.out_len[from], -1});
+}
+
 void scatterReduce(const DirectArgs& a) {
   const size_t elem = dtypeSize(a.dtype);
   auto off = [&](int c) { return exec::chunkOffset(c, a.world, a.count, elem); };

@@ -52,6 +52,11 @@ using AllToAllFn = void (*)(const AllToAllArgs&);
 /// The all-to-all algorithm registered under `name`, or nullptr.
 AllToAllFn findAllToAll(const std::string& name);
 
+/// Shared by the all-to-all algorithms: the own block is a local copy, and the
+/// exchange at distance k sends block r+k to rank r+k and receives rank r-k's.
+void copyOwnBlock(const AllToAllArgs& a);
+void addExchange(const AllToAllArgs& a, int k, std::vector<exec::Step>& steps);
+
 void alltoallPairwise(const AllToAllArgs& a);
 void alltoallDirect(const AllToAllArgs& a);
 

@@ -1843,6 +1843,11 @@ def _resources():
     return rss, fds, segs
 
 
+def _soak_blocks(world, n, dt):
+    """What all_gather and all_to_all deliver in the soak: n copies of rank r's value, per rank."""
+    return torch.tensor([r % 3 + 1 for r in range(world)], dtype=dt).repeat_interleave(n)
+
+
 def spawn_soak(rank, world, port, n_ops=10000, max_bytes=4 << 20, seed=0, timeout_s=120):
     """Random collectives, sizes (0 B .. max_bytes, log-uniform), dtypes, algorithms (groups
     with forced algorithms) and small random delays, every result checked against the closed
@@ -1859,6 +1864,7 @@ def spawn_soak(rank, world, port, n_ops=10000, max_bytes=4 << 20, seed=0, timeou
     delay = random.Random(seed * 1000 + rank)  # delays differ per rank
     dtypes = [torch.float32, torch.float64, torch.int32, torch.int64, torch.bfloat16, torch.int8]
     colls = ["all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier"]
+    total = sum(r % 3 + 1 for r in range(world))  # every reduction's value
     start = None
     checks = 0
     for i in range(n_ops):
@@ -1877,28 +1883,25 @@ def spawn_soak(rank, world, port, n_ops=10000, max_bytes=4 << 20, seed=0, timeou
         mine = torch.full((n * world,), rank % 3 + 1, dtype=dt)
         if coll == "all_reduce":
             dist.all_reduce(mine, group=g)
-            want = sum(r % 3 + 1 for r in range(world))
-            ok = bool((mine == want).all())
+            ok = bool((mine == total).all())
         elif coll == "broadcast":
             dist.broadcast(mine, src=root, group=g)
             ok = bool((mine == root % 3 + 1).all())
         elif coll == "reduce":
             dist.reduce(mine, dst=root, group=g)
-            ok = rank != root or bool((mine == sum(r % 3 + 1 for r in range(world))).all())
+            ok = rank != root or bool((mine == total).all())
         elif coll == "all_gather":
             out = torch.empty(n * world, dtype=dt)
             dist.all_gather_into_tensor(out, mine[:n], group=g)
-            want = torch.tensor([r % 3 + 1 for r in range(world)], dtype=dt).repeat_interleave(n)
-            ok = torch.equal(out, want)
+            ok = torch.equal(out, _soak_blocks(world, n, dt))
         elif coll == "reduce_scatter":
             out = torch.empty(n, dtype=dt)
             dist.reduce_scatter_tensor(out, mine, group=g)
-            ok = bool((out == sum(r % 3 + 1 for r in range(world))).all())
+            ok = bool((out == total).all())
         elif coll == "all_to_all":
             out = torch.empty(n * world, dtype=dt)
             dist.all_to_all_single(out, mine, group=g)
-            want = torch.tensor([r % 3 + 1 for r in range(world)], dtype=dt).repeat_interleave(n)
-            ok = torch.equal(out, want)
+            ok = torch.equal(out, _soak_blocks(world, n, dt))
         else:
             dist.barrier(group=g)
             ok = True
