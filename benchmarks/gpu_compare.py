@@ -7,7 +7,9 @@ daemon (see scripts/gpu-test). In one run and with one timing method it times
 float32 sum all_reduce through:
 
 - tilecomm with TILECOMM_CUDA_ALLREDUCE = auto, one_shot, two_shot, staged (one
-  group each; the cuda_ipc buffers are sized for the largest message);
+  group each; the cuda_ipc buffers are sized for the largest message; the
+  forced paths with TILECOMM_PROTO=simple, auto with the LL kernel below
+  TILECOMM_LL_BYTES);
 - SymmetricMemory `one_shot_all_reduce` and `two_shot_all_reduce_`
   (TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES=1 lets ranks share the GPU);
 - a device-to-device copy of the same size, for the HBM bound.
@@ -64,8 +66,10 @@ def _rank(rank, world, args):
     groups = {}
     for path in PATHS:
         os.environ["TILECOMM_CUDA_ALLREDUCE"] = path  # rank 0's value is read at group creation
+        os.environ["TILECOMM_PROTO"] = "auto" if path == "auto" else "simple"  # forced paths: no LL
         groups[f"tilecomm:{path}"] = dist.new_group(backend="tilecomm")
     os.environ.pop("TILECOMM_CUDA_ALLREDUCE")
+    os.environ.pop("TILECOMM_PROTO")
 
     symm = None
     try:

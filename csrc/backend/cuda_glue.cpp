@@ -24,9 +24,9 @@ at::Tensor pinnedLike(const at::Tensor& t) {
 // ---------------------------------------------------------------- CudaOp
 
 std::string CudaOp::directError() const {
-  if (!ipc || direct_seq == 0) return "";
-  uint64_t failed = ipc->failedSeq();
-  return failed != 0 && direct_seq >= failed ? ipc->errorText() : "";
+  if (!ipc || direct_launch == 0) return "";
+  uint64_t failed = ipc->failedLaunch();
+  return failed != 0 && direct_launch >= failed ? ipc->errorText() : "";
 }
 
 void CudaOp::run(const std::vector<at::Tensor>& tensors, const std::function<void()>& fn) {
@@ -67,7 +67,6 @@ CudaGroup::~CudaGroup() {
   // (bounded: a dead peer reads nothing) until each says it is done, then free them.
   if (ipc_) ipc_->drain(std::min<int64_t>(settings_.timeout_ms, 10000));
   ipc_.reset();
-  cudaStreamDestroy(raw_stream_);
   cudaSetDevice(prev);
 }
 
@@ -76,31 +75,54 @@ std::shared_ptr<CudaOp> CudaGroup::begin(const c10::Device& device) {
     std::lock_guard<std::mutex> lk(mu_);
     if (!device_) {
       c10::cuda::CUDAGuard guard(device);
-      cudaError_t e = cudaStreamCreateWithFlags(&raw_stream_, cudaStreamNonBlocking);
-      TORCH_CHECK(e == cudaSuccess, "tilecomm: cannot create the group's CUDA stream: ", cudaGetErrorString(e));
-      stream_ = c10::cuda::getStreamFromExternal(raw_stream_, device.index());
+      // NOTE: a pool stream, never destroyed: tensors the group used keep a record of
+      // it in the caching allocator and may be freed after the group is gone.
+      stream_ = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device.index());
+      raw_stream_ = stream_->stream();
       device_ = device;
     }
     TORCH_CHECK_VALUE(*device_ == device, "tilecomm: this process group runs its CUDA work on ", *device_,
                       "; got a tensor on ", device, " (use one device per process and group)");
   }
   auto op = std::make_shared<CudaOp>(device, *stream_);
-  op->ready.record(c10::cuda::getCurrentCUDAStream(device.index()));
+  c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device.index());
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  TORCH_CHECK(cudaStreamIsCapturing(current.stream(), &capture) == cudaSuccess, "tilecomm: cudaStreamIsCapturing");
+  op->captured = capture != cudaStreamCaptureStatusNone;
+  op->ready.record(current);  // Note [CUDA graphs]: under capture, forks the internal stream into it
   return op;
+}
+
+uint64_t CudaGroup::llLimit() const {
+  if (settings_.proto == "simple" || settings_.ipc_bytes == 0) return 0;
+  return settings_.proto == "ll" ? cuda::kLLMaxBytes : std::min(settings_.ll_bytes, cuda::kLLMaxBytes);
 }
 
 std::optional<cuda::DirectAlgo> CudaGroup::directFor(uint64_t nbytes, DType dtype, RedOp op) const {
   const std::string& a = settings_.allreduce;
-  if (a == "staged" || nbytes == 0 || nbytes > settings_.ipc_bytes || world_ > cuda::kMaxRanks ||
-      !cuda::directSupports(dtype, op))
+  if (a == "staged" || nbytes == 0 || world_ > cuda::kMaxRanks || !cuda::directSupports(dtype, op))
     return std::nullopt;
+  if (nbytes <= llLimit()) return cuda::DirectAlgo::kOneShotLL;
+  if (settings_.ipc_bytes == 0) return std::nullopt;
+  // Larger than the staging buffers: the kernel runs once per buffer-sized piece.
   if (a == "one_shot") return cuda::DirectAlgo::kOneShot;
   if (a == "two_shot") return cuda::DirectAlgo::kTwoShot;
   return nbytes < settings_.two_shot_bytes ? cuda::DirectAlgo::kOneShot : cuda::DirectAlgo::kTwoShot;
 }
 
-bool CudaGroup::directReady() {
+bool CudaGroup::allGatherLL(uint64_t nbytes) const {
+  return nbytes > 0 && nbytes <= llLimit() && world_ <= cuda::kMaxRanks;
+}
+
+bool CudaGroup::directReady(const CudaOp& op) {
+  if (op.captured && ipc_state_ == Ipc::kUnset)
+    throw Error(ErrorKind::kInvalid,
+                "the group's first direct CUDA collective cannot be captured in a CUDA graph (it sets up the "
+                "cuda_ipc transport): run one all_reduce or all_gather on CUDA tensors before capturing");
   if (ipc_state_ == Ipc::kUnset) ipc_state_ = setUpIpc() ? Ipc::kOn : Ipc::kOff;
+  if (op.captured && ipc_state_ != Ipc::kOn)
+    throw Error(ErrorKind::kInvalid, "cannot capture this collective in a CUDA graph: the cuda_ipc transport is "
+                                     "off (" + ipc_why_ + "), so it would be staged through host memory");
   return ipc_state_ == Ipc::kOn;
 }
 
@@ -109,7 +131,8 @@ bool CudaGroup::setUpIpc() {
   // Note [Issue order]), so the Store exchange cannot mismatch.
   std::string why, mine;
   try {
-    ipc_ = std::make_shared<cuda::IpcTransport>(rank_, world_, device_->index(), settings_.ipc_bytes, raw_stream_);
+    ipc_ = std::make_shared<cuda::IpcTransport>(rank_, world_, device_->index(), settings_.ipc_bytes, llLimit(),
+                                                raw_stream_);
     mine = ipc_->exportHandle();
   } catch (const std::exception& e) {
     why = e.what();
@@ -134,8 +157,24 @@ bool CudaGroup::setUpIpc() {
 void CudaGroup::allReduceDirect(CudaOp& op, cuda::DirectAlgo algo, at::Tensor& t, DType dtype, RedOp rop,
                                 int64_t timeout_ms) {
   uint64_t timeout_ns = static_cast<uint64_t>(timeout_ms) * 1000000ull;
-  op.direct_seq = cuda::allReduceDirect(algo, *ipc_, t.data_ptr(), t.nbytes(), dtype, rop, op.stream.stream(),
-                                        timeout_ns);
+  // Pieces of at most one staging buffer, cut at 256-byte boundaries (every dtype's
+  // elements and the kernels' vector loads stay aligned); each is an all_reduce of its own.
+  const uint64_t piece = algo == cuda::DirectAlgo::kOneShotLL ? t.nbytes() : ipc_->capacity() / 256 * 256;
+  char* base = static_cast<char*>(t.data_ptr());
+  for (uint64_t off = 0; off < t.nbytes(); off += piece) {
+    op.direct_launch = cuda::allReduceDirect(algo, *ipc_, base + off, std::min(piece, t.nbytes() - off), dtype, rop,
+                                             op.stream.stream(), timeout_ns);
+  }
+  op.ipc = ipc_;
+}
+
+void CudaGroup::allGatherDirect(CudaOp& op, const at::Tensor& in, const std::vector<at::Tensor>& outs,
+                                int64_t timeout_ms) {
+  std::vector<void*> out;
+  for (const at::Tensor& t : outs) out.push_back(t.data_ptr());
+  uint64_t timeout_ns = static_cast<uint64_t>(timeout_ms) * 1000000ull;
+  op.direct_launch = cuda::allGatherDirectLL(*ipc_, in.data_ptr(), out.data(), in.nbytes(), op.stream.stream(),
+                                             timeout_ns);
   op.ipc = ipc_;
 }
 
@@ -166,7 +205,8 @@ std::string CudaGroup::status() const {
   // extension, whose stream facets then clash with the process's locale.
   return "device=" + (device_ ? device_->str() : std::string("unbound")) + " allreduce=" + settings_.allreduce +
          " ipc_bytes=" + std::to_string(settings_.ipc_bytes) + " two_shot_bytes=" +
-         std::to_string(settings_.two_shot_bytes) + " direct=" +
+         std::to_string(settings_.two_shot_bytes) + " proto=" + settings_.proto + " ll_limit=" +
+         std::to_string(llLimit()) + " direct=" +
          (ipc_state_ == Ipc::kOn ? "on" : ipc_state_ == Ipc::kOff ? "off (" + ipc_why_ + ")" : "unset");
 }
 

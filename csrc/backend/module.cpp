@@ -3,9 +3,13 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <cstring>
+
 #include "backend/process_group.hpp"
 #include "common/error.h"
 #include "kernels/reduce.h"
+#include "exec/fuzz.h"
+#include "transport/tcp.h"
 
 #ifdef TILECOMM_WITH_CUDA
 #include "backend/cuda_glue.hpp"
@@ -33,6 +37,21 @@ exec::Schedule toSchedule(uint32_t nchunks, const std::vector<PyRound>& rounds) 
   return s;
 }
 
+// Traffic of one group per link class (tilecomm.stats()).
+py::dict statsDict(exec::Engine& e) {
+  py::dict out;
+  for (auto [name, link] : {std::pair{"shm", transport::Link::kShm}, {"tcp", transport::Link::kTcp}}) {
+    transport::Transport::Stats s = e.transport().stats(link);
+    py::dict d;
+    d["bytes_sent"] = s.bytes_sent;
+    d["messages_sent"] = s.messages_sent;
+    d["bytes_received"] = s.bytes_received;
+    d["messages_received"] = s.messages_received;
+    out[name] = d;
+  }
+  return out;
+}
+
 template <typename F>
 auto translate(F&& f) {
   try {
@@ -49,23 +68,37 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "tilecomm engine and torch.distributed backend";
 
   py::class_<exec::Engine, std::shared_ptr<exec::Engine>>(m, "Engine")
-      .def(py::init([](int rank, int world, uint32_t slots, uint32_t slot_bytes, int spins, int yields,
-                       int64_t sleep_us, int64_t timeout_ms) {
+      .def(py::init([](int rank, int world, uint32_t slots, uint32_t slot_bytes, uint32_t tcp_slots, int spins,
+                       int yields, int64_t sleep_us, int64_t timeout_ms) {
              exec::EngineConfig cfg;
              cfg.shm.slots = slots;
              cfg.shm.slot_bytes = slot_bytes;
+             cfg.tcp.slots = tcp_slots;
              cfg.wait.spins = spins;
              cfg.wait.yields = yields;
              cfg.wait.sleep_us = sleep_us;
              cfg.timeout_ms = timeout_ms;
              return translate([&] { return std::make_shared<exec::Engine>(rank, world, cfg); });
            }),
-           py::arg("rank"), py::arg("world"), py::arg("slots"), py::arg("slot_bytes"), py::arg("spins"),
-           py::arg("yields"), py::arg("sleep_us"), py::arg("timeout_ms"))
-      .def("segment_name", [](exec::Engine& e) { return e.shm().segmentName(); })
+           py::arg("rank"), py::arg("world"), py::arg("slots"), py::arg("slot_bytes"), py::arg("tcp_slots"),
+           py::arg("spins"), py::arg("yields"), py::arg("sleep_us"), py::arg("timeout_ms"))
+      .def("segment_name", [](exec::Engine& e) { return e.transport().shm().segmentName(); })
+      .def("listen", [](exec::Engine& e, const std::string& address) {
+        return translate([&] { return e.transport().listen(address); });
+      })
+      // links[r]: 0 self, 1 shared memory, 2 TCP (transport::Link).
       .def("connect",
-           [](exec::Engine& e, const std::vector<std::string>& names, const std::vector<int64_t>& pids) {
-             translate([&] { e.connect(names, pids); });
+           [](exec::Engine& e, const std::vector<int>& links, const std::vector<std::string>& names,
+              const std::vector<int64_t>& pids, const std::vector<std::string>& addrs, const std::vector<int>& ports,
+              const py::bytes& token, int64_t timeout_ms) {
+             std::vector<transport::Link> l;
+             for (int v : links) {
+               if (v < 0 || v > 2) throw py::value_error("unknown link kind");
+               l.push_back(static_cast<transport::Link>(v));
+             }
+             std::string tok = token;
+             py::gil_scoped_release nogil;
+             translate([&] { e.transport().connect(l, names, pids, addrs, ports, tok, timeout_ms); });
            })
       .def("unlink_own", &exec::Engine::unlinkOwn)
       .def("add_algorithm",
@@ -91,7 +124,8 @@ PYBIND11_MODULE(_C, m) {
   auto pg = py::class_<backend::ProcessGroupTilecomm, c10d::Backend,
                         c10::intrusive_ptr<backend::ProcessGroupTilecomm>>(m, "ProcessGroupTilecomm")
                 .def(py::init<std::shared_ptr<exec::Engine>, int64_t>(), py::arg("engine"), py::arg("timeout_ms"))
-                .def("cuda_status", &backend::ProcessGroupTilecomm::cudaStatus);
+                .def("cuda_status", &backend::ProcessGroupTilecomm::cudaStatus)
+                .def("stats", [](backend::ProcessGroupTilecomm& self) { return statsDict(self.engine()); });
 #ifdef TILECOMM_WITH_CUDA
   m.attr("HAS_CUDA") = true;
   // CUDA tensors: the group's Store and key prefix (the cuda_ipc handles are exchanged
@@ -99,19 +133,49 @@ PYBIND11_MODULE(_C, m) {
   pg.def(
       "set_cuda",
       [](backend::ProcessGroupTilecomm& self, const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix,
-         const std::string& allreduce, uint64_t ipc_bytes, uint64_t two_shot_bytes, int64_t timeout_ms) {
+         const std::string& allreduce, uint64_t ipc_bytes, uint64_t two_shot_bytes, int64_t timeout_ms,
+         const std::string& proto, uint64_t ll_bytes) {
         backend::CudaSettings s;
         s.allreduce = allreduce;
         s.ipc_bytes = ipc_bytes;
         s.two_shot_bytes = two_shot_bytes;
         s.timeout_ms = timeout_ms;
+        s.proto = proto;
+        s.ll_bytes = ll_bytes;
         self.setCuda(std::make_shared<backend::CudaGroup>(self.getRank(), self.getSize(), store, prefix, s));
       },
       py::arg("store"), py::arg("prefix"), py::arg("allreduce"), py::arg("ipc_bytes"), py::arg("two_shot_bytes"),
-      py::arg("timeout_ms"));
+      py::arg("timeout_ms"), py::arg("proto") = "auto", py::arg("ll_bytes") = 524288);
 #else
   m.attr("HAS_CUDA") = false;
 #endif
+
+  // Why a TCP frame header (raw bytes) is rejected, "" when it is accepted
+  // (Note [TCP frames]); exposed for the frame fuzzer.
+  m.def("check_frame", [](const py::bytes& raw, int lane, uint64_t expected_seq, uint32_t slot_bytes) {
+    std::string b = raw;
+    if (b.size() != sizeof(transport::FrameHeader))
+      throw py::value_error("a frame header is " + std::to_string(sizeof(transport::FrameHeader)) + " bytes");
+    transport::FrameHeader h;
+    std::memcpy(&h, b.data(), sizeof(h));
+    return transport::checkFrame(h, lane, expected_seq, slot_bytes);
+  });
+  m.attr("FRAME_HEADER_BYTES") = sizeof(transport::FrameHeader);
+  m.attr("SLOT_HEADER_BYTES") = sizeof(transport::SlotHeader);
+  // Fuzzer entry points (tests/fuzz): raw bytes to the receiving code; the reason they were refused.
+  m.def("fuzz_tcp_receive", [](const py::bytes& raw, uint32_t slot_bytes) {
+    std::string b = raw;
+    py::gil_scoped_release nogil;
+    return transport::TcpTransport::fuzzReceive(b, slot_bytes);
+  });
+  m.def("fuzz_slot_receive", [](const py::bytes& raw) {
+    std::string b = raw;
+    py::gil_scoped_release nogil;
+    return exec::fuzzSlotReceive(b);
+  });
+  m.def("interface_address", [](const std::string& ifname) {
+    return translate([&] { return transport::interfaceAddress(ifname); });
+  });
 
   // dst = op(dst, src), element-wise; exposed so tests can check the kernels directly.
   m.def("reduce_into", [](at::Tensor dst, const at::Tensor& src, const std::string& op) {

@@ -162,7 +162,7 @@ bool TilecommWork::isCompleted() {
     if (!completed_) return false;
   }
 #ifdef TILECOMM_WITH_CUDA
-  if (cuda_) return cuda_->end.query();
+  if (cuda_ && !cuda_->captured) return cuda_->end.query();  // Note [CUDA graphs]: no query under capture
 #endif
   return true;
 }
@@ -170,7 +170,7 @@ bool TilecommWork::isCompleted() {
 bool TilecommWork::wait(std::chrono::milliseconds timeout) {
   bool done = c10d::Work::wait(timeout);  // the host part; then synchronize()
 #ifdef TILECOMM_WITH_CUDA
-  if (cuda_ && cuda_->direct_seq != 0 && cuda_->end.query()) {
+  if (cuda_ && cuda_->direct_launch != 0 && !cuda_->captured && cuda_->end.query()) {
     std::string err = cuda_->directError();
     if (!err.empty()) C10_THROW_ERROR(DistBackendError, "tilecomm: " + err);
   }
@@ -242,6 +242,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::launch(c10d::OpType type, b
     TORCH_CHECK_VALUE(cuda_, "tilecomm: this process group was created without CUDA support");
     cc = std::make_shared<CudaCall>();
     cc->op = cuda_->begin(first->device());  // records the ready event on the current stream
+    TORCH_CHECK_VALUE(!cc->op->captured || direct, "tilecomm: ", c10d::opTypeToString(type),
+                      " on CUDA tensors cannot be captured in a CUDA graph: it runs staged through host memory "
+                      "(only all_reduce and all_gather that run as direct kernels can; see TILECOMM_PROTO)");
     cc->keep = reads;
     cc->keep.insert(cc->keep.end(), writes.begin(), writes.end());
     cc->reads = std::move(reads);
@@ -347,7 +350,7 @@ ProcessGroupTilecomm::Direct ProcessGroupTilecomm::directAllReduce(const at::Ten
   auto algo = cuda_->directFor(t.nbytes(), dtype, engineOp(op));
   if (!algo) return nullptr;
   return [this, t = at::Tensor(t), dtype, op, timeout_ms, algo = *algo](CudaOp& cop) mutable {
-    if (!cuda_->directReady()) return false;  // the same answer on every rank
+    if (!cuda_->directReady(cop)) return false;  // the same answer on every rank
     premultiply(t, op);  // torch ops, on the internal stream (the current one here)
     cuda_->allReduceDirect(cop, algo, t, dtype, engineOp(op), timeout_ms);
     finishAverage(t, op, size_);
@@ -355,6 +358,21 @@ ProcessGroupTilecomm::Direct ProcessGroupTilecomm::directAllReduce(const at::Ten
   };
 #else
   (void)t, (void)dtype, (void)op, (void)timeout_ms;
+  return nullptr;
+#endif
+}
+
+ProcessGroupTilecomm::Direct ProcessGroupTilecomm::directAllGather(const at::Tensor& in, std::vector<at::Tensor> outs,
+                                                                 int64_t timeout_ms) {
+#ifdef TILECOMM_WITH_CUDA
+  if (!cuda_ || !in.is_cuda() || !cuda_->allGatherLL(in.nbytes())) return nullptr;
+  return [this, in, outs = std::move(outs), timeout_ms](CudaOp& cop) {
+    if (!cuda_->directReady(cop)) return false;  // the same answer on every rank
+    cuda_->allGatherDirect(cop, in, outs, timeout_ms);
+    return true;
+  };
+#else
+  (void)in, (void)outs, (void)timeout_ms;
   return nullptr;
 #endif
 }
@@ -449,11 +467,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::_allgather_base(at::Tensor&
                     " elements; expected world size (", size_, ") x input (", input.numel(), ")");
   int64_t timeout = timeoutOf(opts.timeout, timeout_ms_);
   at::Tensor in = input, out = output;
+  std::vector<at::Tensor> blocks;  // the LL kernel's view of the output: one block per rank
+  for (int r = 0; in.is_cuda() && r < size_; ++r)
+    blocks.push_back(out.view({-1}).narrow(0, r * in.numel(), in.numel()));
+  Direct direct = directAllGather(in, std::move(blocks), timeout);
   return launch(c10d::OpType::_ALLGATHER_BASE, opts.asyncOp, {out}, {in}, {out}, [=](const Host& h) {
     at::Tensor flat = h(out).view({-1});
     flat.narrow(0, rank_ * in.numel(), in.numel()).copy_(h(in).view({-1}));
     move(Coll::kAllGather, flat, -1, in.numel(), timeout);
-  });
+  }, std::move(direct));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -466,13 +488,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::allgather(std::vector<std::
                     " tensors; expected the world size ", size_);
   for (size_t i = 0; i < outs.size(); ++i) checkSame(in, outs[i], "all_gather output", i);
   int64_t timeout = timeoutOf(opts.timeout, timeout_ms_);
+  Direct direct = directAllGather(in, outs, timeout);
   return launch(c10d::OpType::ALLGATHER, opts.asyncOp, outs, {in}, outs, [=](const Host& h) {
     at::Tensor x = h(in);
     at::Tensor buf = at::empty({size_ * in.numel()}, x.options());
     buf.narrow(0, rank_ * in.numel(), in.numel()).copy_(x.view({-1}));
     move(Coll::kAllGather, buf, -1, in.numel(), timeout);
     for (int r = 0; r < size_; ++r) h(outs[r]).view({-1}).copy_(buf.narrow(0, r * in.numel(), in.numel()));
-  });
+  }, std::move(direct));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::allgather_coalesced(
@@ -663,8 +686,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::alltoall_base(at::Tensor& o
   uint64_t total = equal ? input.nbytes() : 0;
   uint16_t algo = engine_->pick(Coll::kAllToAll, equal ? total : UINT64_MAX);
   at::Tensor in = input, out = output;
+  DType dt = toDType(input.scalar_type()).value_or(DType::kBytes);  // ranks must agree on it too
   return launch(c10d::OpType::ALLTOALL_BASE, opts.asyncOp, {out}, {in}, {out}, [=](const Host& h) {
-    engine_->allToAll(algo, bytes(h(in)), in_off, in_len, bytes(h(out)), out_off, out_len, total, timeout);
+    engine_->allToAll(algo, bytes(h(in)), in_off, in_len, bytes(h(out)), out_off, out_len, dt, total, timeout);
   });
 }
 
@@ -682,6 +706,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::alltoall(std::vector<at::Te
   // Block sizes may differ per rank, so every rank uses the largest-size choice.
   uint16_t algo = engine_->pick(Coll::kAllToAll, UINT64_MAX);
   std::vector<at::Tensor> ins = inputs, outs = outputs;
+  DType dt = toDType(inputs[0].scalar_type()).value_or(DType::kBytes);
   return launch(c10d::OpType::ALLTOALL, opts.asyncOp, outs, ins, outs, [=](const Host& h) {
     // Offsets from address zero: each peer's block is its own tensor.
     std::vector<size_t> in_off, in_len, out_off, out_len;
@@ -691,7 +716,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::alltoall(std::vector<at::Te
       out_off.push_back(reinterpret_cast<size_t>(h(outs[r]).data_ptr()));
       out_len.push_back(outs[r].nbytes());
     }
-    engine_->allToAll(algo, nullptr, in_off, in_len, nullptr, out_off, out_len, 0, timeout);
+    engine_->allToAll(algo, nullptr, in_off, in_len, nullptr, out_off, out_len, dt, 0, timeout);
   });
 }
 

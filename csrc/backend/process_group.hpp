@@ -132,6 +132,8 @@ class ProcessGroupTilecomm : public c10d::Backend {
                                         Direct direct = nullptr);
   /// all_reduce of a CUDA tensor by a direct kernel, when the call qualifies (else null).
   Direct directAllReduce(const at::Tensor& t, DType dtype, const c10d::ReduceOp& op, int64_t timeout_ms);
+  /// all_gather of a CUDA tensor by the LL kernel into outs (one per rank), when it qualifies (else null).
+  Direct directAllGather(const at::Tensor& in, std::vector<at::Tensor> outs, int64_t timeout_ms);
   c10::intrusive_ptr<c10d::Work> pointToPoint(c10d::OpType type, at::Tensor& t, int peer, int tag);
   /// Runs an in-place reducing schedule over t (all_reduce, reduce, reduce_scatter).
   void reduceOver(Coll coll, at::Tensor& t, const c10d::ReduceOp& op, int root, uint64_t desc_count,

@@ -1,4 +1,4 @@
-// Host side of the direct all-reduce kernels: checks, grid size, sequence numbers.
+// Host side of the direct all-reduce kernels: checks, arguments, grid size.
 #include "cuda/allreduce.h"
 
 #include <algorithm>
@@ -26,31 +26,36 @@ bool directSupports(DType dtype, RedOp op) {
 
 uint64_t allReduceDirect(DirectAlgo algo, IpcTransport& t, void* data, uint64_t nbytes, DType dtype, RedOp op,
                          cudaStream_t stream, uint64_t timeout_ns) {
-  if (nbytes > t.capacity() || !directSupports(dtype, op))
+  const bool ll = algo == DirectAlgo::kOneShotLL;
+  if (nbytes > (ll ? t.llCapacity() : t.capacity()) || !directSupports(dtype, op))
     throw Error(ErrorKind::kInvalid, "direct all_reduce called outside its limits");
   DirectArgs a{};
   a.peers = t.peers();
-  a.data = static_cast<char*>(data);
-  a.nbytes = nbytes;
   a.capacity = t.capacity();
+  a.ll_capacity = t.llCapacity();
   a.timeout_ns = timeout_ns;
+  a.launch = t.nextLaunch();
   a.err = t.errorForDevice();
   a.rank = t.rank();
   a.world = t.world();
+  a.kind = ll ? KernelKind::kAllReduceLL : KernelKind::kAllReduce;
+  a.data = static_cast<char*>(data);
+  a.nbytes = nbytes;
   // NOTE: the grid depends on nbytes only, so every rank's block b covers the same vectors
-  // and waits on the same flags. Few blocks: ranks that share a GPU must all fit on it at once.
+  // and waits on the same flags; blockBudget() keeps all ranks' kernels resident at once.
+  // LL threads carry one vector each; simple threads kUnroll per loop.
   const uint64_t nvec = (nbytes + 15) / 16;
-  const int blocks = static_cast<int>(std::clamp<uint64_t>((nvec + 4 * kThreads - 1) / (4 * kThreads), 1, kMaxBlocks));
-  a.seq = t.nextSeq(blocks);
-  if (algo == DirectAlgo::kOneShot) {
-    launchOneShot(a, blocks, dtype, op, stream);
-  } else {
-    launchTwoShot(a, blocks, dtype, op, stream);
+  const uint64_t per_block = ll ? kThreads : 4 * kUnroll * kThreads;
+  const int blocks = static_cast<int>(std::clamp<uint64_t>((nvec + per_block - 1) / per_block, 1, t.blockBudget()));
+  switch (algo) {
+    case DirectAlgo::kOneShot: launchOneShot(a, blocks, dtype, op, stream); break;
+    case DirectAlgo::kTwoShot: launchTwoShot(a, blocks, dtype, op, stream); break;
+    case DirectAlgo::kOneShotLL: launchOneShotLL(a, blocks, dtype, op, stream); break;
   }
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess)
     throw Error(ErrorKind::kSystem, std::string("direct all_reduce launch: ") + cudaGetErrorString(e));
-  return a.seq;
+  return a.launch;
 }
 
 }  // namespace tilecomm::cuda

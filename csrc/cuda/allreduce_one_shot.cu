@@ -10,21 +10,27 @@
 namespace tilecomm::cuda {
 
 template <typename T, RedOp kOp>
-__global__ void __launch_bounds__(kThreads) allreduceOneShotKernel(DirectArgs a) {
+__global__ void __launch_bounds__(kThreads, 2) allreduceOneShotKernel(DirectArgs a) {
+  const Call c = beginCall(a);
   const uint64_t nvec = (a.nbytes + 15) / 16;
   const bool aligned = (reinterpret_cast<uintptr_t>(a.data) & 15) == 0;
   uint64_t lo, hi;
   blockRange(nvec, lo, hi);
-  char* mine = stagingOf(a.peers.base[a.rank], a.capacity, a.seq);
-  // stage: my share of this block's vectors into my staging buffer, then announce it
-  for (uint64_t v = lo + threadIdx.x; v < hi; v += blockDim.x)
-    storeStaging(mine, v, loadUser(a.data, v, a.nbytes, aligned));
-  signal(a, 0);
-  if (!waitPeers(a, 0)) return;
-  // reduce: every rank combines the same p vectors in rank order
-  for (uint64_t v = lo + threadIdx.x; v < hi; v += blockDim.x)
-    storeUser(a.data, v, a.nbytes, aligned, reduceRanks<T, kOp>(a, v));
-  signal(a, 2);  // done reading the peers' buffers (IpcTransport::drain)
+  const uint64_t step = kUnroll * blockDim.x;
+  // stage: this block's vectors into my staging buffer, then announce them
+  stageVectors(a, stagingOf(a.peers.base[a.rank], a.capacity, c.seq), lo, hi, aligned);
+  signal(a, 0, c.seq);
+  if (waitPeers(a, 0, c.seq)) {
+    // reduce: every rank combines the same p vectors in rank order
+    for (uint64_t v = lo + threadIdx.x; v < hi; v += step) {
+      uint4 x[kUnroll];
+      reduceRanks<T, kOp>(a, c.seq, v, blockDim.x, hi, x);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        if (v + u * blockDim.x < hi) storeUser(a.data, v + u * blockDim.x, a.nbytes, aligned, x[u]);
+    }
+  }
+  endCall(a, c);
 }
 
 struct OneShot {

@@ -11,40 +11,52 @@
 namespace tilecomm::cuda {
 
 template <typename T, RedOp kOp>
-__global__ void __launch_bounds__(kThreads) allreduceTwoShotKernel(DirectArgs a) {
+__global__ void __launch_bounds__(kThreads, 2) allreduceTwoShotKernel(DirectArgs a) {
+  const Call c = beginCall(a);
   const uint64_t nvec = (a.nbytes + 15) / 16;
   const bool aligned = (reinterpret_cast<uintptr_t>(a.data) & 15) == 0;
   uint64_t lo, hi;
   blockRange(nvec, lo, hi);
   const uint64_t nv = hi - lo;
+  const uint64_t step = kUnroll * blockDim.x;
   auto part = [&](int q, uint64_t& b, uint64_t& e) {
     b = lo + nv * q / a.world;
     e = lo + nv * (q + 1) / a.world;
   };
-  char* mine = stagingOf(a.peers.base[a.rank], a.capacity, a.seq);
+  char* mine = stagingOf(a.peers.base[a.rank], a.capacity, c.seq);
   // round 1: stage this block's vectors, announce; reduce part `rank` from every rank
-  for (uint64_t v = lo + threadIdx.x; v < hi; v += blockDim.x)
-    storeStaging(mine, v, loadUser(a.data, v, a.nbytes, aligned));
-  signal(a, 0);
-  if (!waitPeers(a, 0)) return;
+  stageVectors(a, mine, lo, hi, aligned);
+  signal(a, 0, c.seq);
+  if (!waitPeers(a, 0, c.seq)) return endCall(a, c);
   uint64_t b, e;
   part(a.rank, b, e);
-  for (uint64_t v = b + threadIdx.x; v < e; v += blockDim.x) {
-    uint4 x = reduceRanks<T, kOp>(a, v);
-    storeStaging(mine, v, x);  // NOTE: only this rank reads its own part in round 1
-    storeUser(a.data, v, a.nbytes, aligned, x);
+  for (uint64_t v = b + threadIdx.x; v < e; v += step) {
+    uint4 x[kUnroll];
+    reduceRanks<T, kOp>(a, c.seq, v, blockDim.x, e, x);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (v + u * blockDim.x >= e) continue;
+      storeStaging(mine, v + u * blockDim.x, x[u]);  // NOTE: only this rank reads its own part in round 1
+      storeUser(a.data, v + u * blockDim.x, a.nbytes, aligned, x[u]);
+    }
   }
   // round 2: announce the reduced part; copy part q from rank q
-  signal(a, 1);
-  if (!waitPeers(a, 1)) return;
-  for (int q = 0; q < a.world; ++q) {
-    if (q == a.rank) continue;
-    const char* theirs = stagingOf(a.peers.base[q], a.capacity, a.seq);
+  signal(a, 1, c.seq);
+  if (!waitPeers(a, 1, c.seq)) return endCall(a, c);
+  for (int i = 1; i < a.world; ++i) {
+    const int q = (a.rank + i) % a.world;  // ranks start on different peers
+    const char* theirs = stagingOf(a.peers.base[q], a.capacity, c.seq);
     part(q, b, e);
-    for (uint64_t v = b + threadIdx.x; v < e; v += blockDim.x)
-      storeUser(a.data, v, a.nbytes, aligned, loadPeer(theirs, v));
+    for (uint64_t v = b + threadIdx.x; v < e; v += step) {
+      uint4 x[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) x[u] = v + u * blockDim.x < e ? loadPeer(theirs, v + u * blockDim.x) : uint4{};
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        if (v + u * blockDim.x < e) storeUser(a.data, v + u * blockDim.x, a.nbytes, aligned, x[u]);
+    }
   }
-  signal(a, 2);  // done reading the peers' buffers (IpcTransport::drain)
+  endCall(a, c);
 }
 
 struct TwoShot {

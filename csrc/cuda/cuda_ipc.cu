@@ -1,5 +1,6 @@
 #include "cuda/cuda_ipc.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -17,17 +18,26 @@ void check(cudaError_t e, const char* what) {
 
 }  // namespace
 
-IpcTransport::IpcTransport(int rank, int world, int device, uint64_t capacity, cudaStream_t stream)
-    : rank_(rank), world_(world), device_(device), capacity_((capacity + 255) / 256 * 256) {
+IpcTransport::IpcTransport(int rank, int world, int device, uint64_t capacity, uint64_t ll_capacity,
+                           cudaStream_t stream)
+    : rank_(rank),
+      world_(world),
+      device_(device),
+      capacity_((capacity + 255) / 256 * 256),
+      ll_capacity_((ll_capacity + 255) / 256 * 256) {
   if (world > kMaxRanks)
     throw Error(ErrorKind::kInvalid, "cuda_ipc supports groups of at most " + std::to_string(kMaxRanks) + " ranks");
   int prev = 0;
   check(cudaGetDevice(&prev), "cudaGetDevice");
   check(cudaSetDevice(device), "cudaSetDevice");
   try {
-    check(cudaMalloc(&own_, kFlagBytes + 2 * capacity_), "cudaMalloc (cuda_ipc area)");
-    // NOTE: zeroed once, here; flags are never reset afterwards (Note [Flags]).
-    check(cudaMemsetAsync(own_, 0, kFlagBytes + 2 * capacity_, stream), "cudaMemsetAsync");
+    int sms = 0;
+    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+    block_budget_ = std::max(1, std::min(kMaxBlocks, sms / world));
+    const uint64_t bytes = kFlagBytes + 2 * capacity_ + 2 * static_cast<uint64_t>(world) * 2 * ll_capacity_;
+    check(cudaMalloc(&own_, bytes), "cudaMalloc (cuda_ipc area)");
+    // NOTE: zeroed once, here; flags, counter and LL lines are never reset afterwards (Note [Flags]).
+    check(cudaMemsetAsync(own_, 0, bytes, stream), "cudaMemsetAsync");
     check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     check(cudaHostAlloc(reinterpret_cast<void**>(&err_host_), sizeof(KernelError), cudaHostAllocMapped),
           "cudaHostAlloc (error record)");
@@ -88,33 +98,38 @@ std::string IpcTransport::open(const std::vector<std::string>& handles) {
 }
 
 void IpcTransport::drain(int64_t timeout_ms) {
-  if (seq_ == 0 || failedSeq() != 0) return;
+  if (failedLaunch() != 0) return;
   int prev = 0;
   if (cudaGetDevice(&prev) != cudaSuccess || cudaSetDevice(device_) != cudaSuccess) return;
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  for (int q = 0; q < world_; ++q) {
-    if (q == rank_) continue;
-    for (int b = 0; b < last_blocks_; ++b) {
+  auto seqOf = [](char* base, uint64_t& v) {
+    return cudaMemcpy(&v, &counterOf(base)->seq, sizeof(v), cudaMemcpyDeviceToHost) == cudaSuccess;
+  };
+  uint64_t last = 0;
+  if (seqOf(own_, last) && last > 0) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    for (int q = 0; q < world_; ++q) {
+      if (q == rank_) continue;
       uint64_t v = 0;
-      while (cudaMemcpy(&v, flagOf(peers_.base[q], 2, b), sizeof(v), cudaMemcpyDeviceToHost) == cudaSuccess &&
-             v < seq_ && std::chrono::steady_clock::now() < deadline)
+      while (seqOf(peers_.base[q], v) && v < last && std::chrono::steady_clock::now() < deadline)
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }
   cudaSetDevice(prev);
 }
 
-uint64_t IpcTransport::failedSeq() const {
+uint64_t IpcTransport::failedLaunch() const {
   const volatile KernelError* e = err_host_;
-  return e->ready ? e->seq : 0;
+  return e->ready ? e->launch : 0;
 }
 
 std::string IpcTransport::errorText() const {
   const volatile KernelError* e = err_host_;
   if (!e->ready) return "";
+  static const char* kKinds[] = {"direct all_reduce", "LL all_reduce", "LL all_gather"};
+  const char* what = e->kind >= 0 && e->kind < 3 ? kKinds[e->kind] : "direct call";
   const std::string peer = std::to_string(e->peer);
   return "rank " + std::to_string(rank_) + " timed out on the GPU after " + std::to_string(e->waited_ns / 1000000) +
-         " ms waiting for rank " + peer + " in direct all_reduce #" + std::to_string(e->seq) + " (cuda_ipc); rank " +
+         " ms waiting for rank " + peer + " in " + what + " #" + std::to_string(e->seq) + " (cuda_ipc); rank " +
          peer + " did not arrive: it died, hangs, or called a different collective";
 }
 

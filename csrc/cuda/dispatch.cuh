@@ -1,5 +1,5 @@
 // Runtime (dtype, op) -> kernel template instantiation, shared by the direct
-// all-reduce files. Bitwise ops are instantiated for integer types only.
+// all-reduce files (simple and LL). Bitwise ops are instantiated for integer types only.
 #pragma once
 
 #include "cuda/primitives.cuh"
@@ -44,5 +44,6 @@ void dispatch(const DirectArgs& a, int blocks, DType dtype, RedOp op, cudaStream
 
 void launchOneShot(const DirectArgs& a, int blocks, DType dtype, RedOp op, cudaStream_t s);
 void launchTwoShot(const DirectArgs& a, int blocks, DType dtype, RedOp op, cudaStream_t s);
+void launchOneShotLL(const DirectArgs& a, int blocks, DType dtype, RedOp op, cudaStream_t s);
 
 }  // namespace tilecomm::cuda

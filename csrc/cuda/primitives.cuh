@@ -1,6 +1,7 @@
-// Device primitives of the direct kernels: 16-byte staging loads and stores,
-// flag signal/wait with a timeout measured on the GPU, and reduce<Op, T> over
-// one 16-byte vector. No collective logic lives here.
+// Device primitives of the direct kernels: the call's sequence number from the
+// device counter, flag signal/wait and LL lines with a timeout measured on the
+// GPU, 16-byte loads and stores, and reduce<Op, T> over one 16-byte vector. No
+// collective logic lives here.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -15,21 +16,36 @@
 namespace tilecomm::cuda {
 
 constexpr int kThreads = 512;
+constexpr int kUnroll = 4;  // 16-byte vectors in flight per thread in the bandwidth loops
 
-/// What every direct kernel gets (by value).
-struct DirectArgs {
+/// What every direct kernel gets (by value). Nothing in it changes between calls, so a kernel
+/// captured in a CUDA graph can be replayed (Note [Device sequence]).
+struct CallArgs {
   PeerTable peers;
-  char* data;          // the user's tensor, reduced in place
-  uint64_t nbytes;
-  uint64_t capacity;   // bytes per staging buffer
-  uint64_t seq;        // this call's sequence number (Note [Flags])
+  uint64_t capacity;     // bytes per staging buffer
+  uint64_t ll_capacity;  // data bytes per rank slot of an LL buffer
   uint64_t timeout_ns;
+  uint64_t launch;       // the host's launch id, recorded with a timeout
   KernelError* err;
   int rank;
   int world;
+  KernelKind kind;
 };
 
-// ---- time and flags ----
+/// all_reduce: the user's tensor, reduced in place.
+struct DirectArgs : CallArgs {
+  char* data;
+  uint64_t nbytes;
+};
+
+/// all_gather: rank q's block lands at out[q]; this rank's input is `in`.
+struct GatherArgs : CallArgs {
+  const char* in;
+  char* out[kMaxRanks];
+  uint64_t nbytes;  // per rank
+};
+
+// ---- time, the call's sequence number, flags ----
 
 __device__ __forceinline__ uint64_t globalTimer() {
   uint64_t t;
@@ -47,19 +63,64 @@ __device__ __forceinline__ uint64_t loadAcquire(const uint64_t* p) {
   return v;
 }
 
-/// Block-wide: once every thread's earlier stores are done, announces `seq` on this block's flag.
-__device__ __forceinline__ void signal(const DirectArgs& a, int phase) {
-  __syncthreads();
+/// One block's view of the call (Note [Device sequence]).
+struct Call {
+  uint64_t seq;            // this call's sequence number
+  uint64_t blocks_before;  // counter.blocks at the start: the blocks of every earlier kernel
+};
+
+/// Block-wide, at the kernel's start: this call's sequence number from the device counter.
+__device__ __forceinline__ Call beginCall(const CallArgs& a) {
+  __shared__ uint64_t start[2];
   if (threadIdx.x == 0) {
+    const volatile SeqCounter* c = counterOf(a.peers.base[a.rank]);
+    start[0] = c->seq + 1;
+    start[1] = c->blocks;
+  }
+  __syncthreads();
+  return Call{start[0], start[1]};
+}
+
+/// Block-wide, at the kernel's end (also after a timeout): the last block to get here
+/// publishes counter.seq = call.seq. NOTE: every block must call it exactly once.
+__device__ __forceinline__ void endCall(const CallArgs& a, const Call& c) {
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  SeqCounter* k = counterOf(a.peers.base[a.rank]);
+  __threadfence();
+  const unsigned long long before = atomicAdd(&k->arrived, 1ull);
+  if (before + 1 == c.blocks_before + gridDim.x) {  // every block of this kernel is done
+    *reinterpret_cast<volatile unsigned long long*>(&k->blocks) = before + 1;
     __threadfence_system();
-    storeRelease(flagOf(a.peers.base[a.rank], phase, blockIdx.x), a.seq);
+    storeRelease(reinterpret_cast<uint64_t*>(&k->seq), c.seq);
   }
 }
 
-/// Block-wide: waits until every peer announced `a.seq` for this block and phase. Thread q
+/// Records the first timed-out wait (which rank, which call) for the host.
+__device__ __forceinline__ void recordTimeout(const CallArgs& a, int peer, uint64_t seq, uint64_t waited) {
+  if (atomicCAS_system(&a.err->claimed, 0u, 1u) != 0u) return;
+  a.err->peer = peer;
+  a.err->kind = static_cast<int>(a.kind);
+  a.err->seq = seq;
+  a.err->launch = a.launch;
+  a.err->waited_ns = waited;
+  __threadfence_system();
+  atomicExch_system(&a.err->ready, 1u);
+}
+
+/// Block-wide: once every thread's earlier stores are done, announces `seq` on this block's flag.
+__device__ __forceinline__ void signal(const CallArgs& a, int phase, uint64_t seq) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    storeRelease(flagOf(a.peers.base[a.rank], phase, blockIdx.x), seq);
+  }
+}
+
+/// Block-wide: waits until every peer announced `seq` for this block and phase. Thread q
 /// polls rank q. Returns false (the same in every thread) if a wait outlasted the timeout;
-/// the first failing block records which rank it waited for.
-__device__ __forceinline__ bool waitPeers(const DirectArgs& a, int phase) {
+/// the first failing thread records which rank it waited for.
+__device__ __forceinline__ bool waitPeers(const CallArgs& a, int phase, uint64_t seq) {
   __shared__ int failed;
   if (threadIdx.x == 0) failed = 0;
   __syncthreads();
@@ -68,20 +129,13 @@ __device__ __forceinline__ bool waitPeers(const DirectArgs& a, int phase) {
     const uint64_t* f = flagOf(a.peers.base[q], phase, blockIdx.x);
     const uint64_t start = globalTimer();
     uint32_t polls = 0;
-    while (loadAcquire(f) < a.seq) {
+    while (loadAcquire(f) < seq) {
       if (++polls > 256) {
         __nanosleep(100);
         uint64_t waited = globalTimer() - start;
         if (waited > a.timeout_ns) {
           failed = 1;
-          if (atomicCAS_system(&a.err->claimed, 0u, 1u) == 0u) {
-            a.err->peer = q;
-            a.err->block = blockIdx.x;
-            a.err->seq = a.seq;
-            a.err->waited_ns = waited;
-            __threadfence_system();
-            atomicExch_system(&a.err->ready, 1u);
-          }
+          recordTimeout(a, q, seq, waited);
           break;
         }
       }
@@ -89,6 +143,67 @@ __device__ __forceinline__ bool waitPeers(const DirectArgs& a, int phase) {
   }
   __syncthreads();
   return failed == 0;
+}
+
+// ---- LL lines ----
+//
+// Note [LL lines]: the low-latency protocol sends data without a separate flag
+// round. A 16-byte line {d0, f, d1, f} carries 8 data bytes, each 4-byte word
+// next to a copy of the flag f = llFlag(seq), and is written with one 16-byte
+// store; a receiver polls its own memory until both flags of the line equal f,
+// and then its data is there (each 8-byte half is written as a unit). Lines are
+// never cleared: call s writes LL buffer s % 2 (Note [Staging parity]), whose
+// lines still carry flags of call s - 2 or older, which differ from f.
+
+/// The flag of call seq: never 0 (a line never written); repeats only every 2^32 - 1 calls.
+__device__ __forceinline__ uint32_t llFlag(uint64_t seq) { return static_cast<uint32_t>(seq % 0xffffffffull) + 1u; }
+
+__device__ __forceinline__ void llStoreLine(uint4* line, uint32_t d0, uint32_t d1, uint32_t flag) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(line), "r"(d0), "r"(flag), "r"(d1),
+               "r"(flag)
+               : "memory");
+}
+
+__device__ __forceinline__ uint4 llLoadLine(const uint4* line) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(line)
+               : "memory");
+  return v;
+}
+
+/// Sends 16-byte vector v as lines 2v and 2v + 1 of an LL slot.
+__device__ __forceinline__ void llSend(char* slot, uint64_t v, uint4 x, uint32_t flag) {
+  uint4* lines = reinterpret_cast<uint4*>(slot) + 2 * v;
+  llStoreLine(lines, x.x, x.y, flag);
+  llStoreLine(lines + 1, x.z, x.w, flag);
+}
+
+/// Waits for vector v in an LL slot of this rank's own buffer, sent by `peer`. Returns false if
+/// the wait outlasted the timeout (recorded for the host).
+__device__ __forceinline__ bool llRecv(const CallArgs& a, const char* slot, uint64_t v, uint64_t seq, int peer,
+                                       uint4& out) {
+  const uint32_t flag = llFlag(seq);
+  const uint4* lines = reinterpret_cast<const uint4*>(slot) + 2 * v;
+  uint64_t start = 0;
+  for (uint32_t polls = 1;; ++polls) {
+    const uint4 p0 = llLoadLine(lines);
+    const uint4 p1 = llLoadLine(lines + 1);
+    if (p0.y == flag && p0.w == flag && p1.y == flag && p1.w == flag) {
+      out = make_uint4(p0.x, p0.z, p1.x, p1.z);
+      return true;
+    }
+    if (polls % 1024 == 0) {
+      const uint64_t now = globalTimer();
+      if (start == 0) {
+        start = now;
+      } else if (now - start > a.timeout_ns) {
+        recordTimeout(a, peer, seq, now - start);
+        return false;
+      }
+    }
+  }
 }
 
 // ---- 16-byte vectors ----
@@ -121,6 +236,21 @@ __device__ __forceinline__ uint4 loadPeer(const char* staging, uint64_t v) {
 
 __device__ __forceinline__ void storeStaging(char* staging, uint64_t v, uint4 x) {
   __stcg(reinterpret_cast<uint4*>(staging) + v, x);
+}
+
+/// This block's vectors [lo, hi) of the user's buffer copied into a staging buffer, kUnroll
+/// loads in flight per thread.
+__device__ __forceinline__ void stageVectors(const DirectArgs& a, char* staging, uint64_t lo, uint64_t hi,
+                                             bool aligned) {
+  for (uint64_t v = lo + threadIdx.x; v < hi; v += kUnroll * blockDim.x) {
+    uint4 x[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      x[u] = v + u * blockDim.x < hi ? loadUser(a.data, v + u * blockDim.x, a.nbytes, aligned) : uint4{};
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (v + u * blockDim.x < hi) storeStaging(staging, v + u * blockDim.x, x[u]);
+  }
 }
 
 // ---- reduce<Op, T> ----
@@ -239,15 +369,26 @@ struct Vec {
   }
 };
 
-/// Vector v reduced over every rank's staging buffer, in rank order 0..p-1, so every rank
-/// that computes it gets the same bits.
+/// Vectors v0 + u * stride (u < kUnroll, those below hi) reduced over every rank's staging
+/// buffer, in rank order 0..p-1, so every rank that computes them gets the same bits. All loads
+/// of one rank are issued before any is combined.
 template <typename T, RedOp kOp>
-__device__ __forceinline__ uint4 reduceRanks(const DirectArgs& a, uint64_t v) {
-  Vec<T> acc;
-  acc.set(loadPeer(stagingOf(a.peers.base[0], a.capacity, a.seq), v));
-  for (int q = 1; q < a.world; ++q)
-    acc.template combine<kOp>(loadPeer(stagingOf(a.peers.base[q], a.capacity, a.seq), v));
-  return acc.get();
+__device__ __forceinline__ void reduceRanks(const DirectArgs& a, uint64_t seq, uint64_t v0, uint64_t stride,
+                                            uint64_t hi, uint4 (&out)[kUnroll]) {
+  Vec<T> acc[kUnroll];
+  for (int q = 0; q < a.world; ++q) {
+    const char* s = stagingOf(a.peers.base[q], a.capacity, seq);
+    uint4 x[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) x[u] = v0 + u * stride < hi ? loadPeer(s, v0 + u * stride) : uint4{};
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (q == 0) acc[u].set(x[u]);
+      else acc[u].template combine<kOp>(x[u]);
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) out[u] = acc[u].get();
 }
 
 /// This block's share [lo, hi) of `n` vectors.

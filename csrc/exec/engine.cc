@@ -8,8 +8,8 @@ namespace tilecomm::exec {
 
 Engine::Engine(int rank, int world, const EngineConfig& cfg)
     : rank_(rank), world_(world), cfg_(cfg), tables_(static_cast<size_t>(Coll::kCount)) {
-  shm_ = std::make_unique<transport::ShmTransport>(rank, world, cfg.shm);
-  exec_ = std::make_unique<Executor>(*shm_, cfg.wait);
+  tr_ = std::make_unique<transport::Transport>(rank, world, cfg.shm, cfg.tcp);
+  exec_ = std::make_unique<Executor>(*tr_, cfg.wait);
   p2p_ = std::make_unique<P2PEngine>(*exec_, [this](const std::string& m) { fail(m, true); });
 }
 
@@ -17,7 +17,7 @@ Engine::~Engine() {
   // NOTE: peers are not told; they may still be finishing a collective whose
   // messages from us already sit in their inboxes.
   exec_->requestStop();
-  shm_->wakeSelf();
+  tr_->wakeSelf();
   {
     std::unique_lock<std::mutex> lk(mu_);
     stop_ = true;
@@ -25,10 +25,6 @@ Engine::~Engine() {
   worker_cv_.notify_all();
   if (worker_.joinable()) worker_.join();
   p2p_.reset();  // joins its thread before the transport goes away
-}
-
-void Engine::connect(const std::vector<std::string>& names, const std::vector<int64_t>& pids) {
-  shm_->connect(names, pids);
 }
 
 void Engine::addAlgorithm(Algorithm algo) {
@@ -80,7 +76,7 @@ void Engine::run(const CollCall& c) {
   desc.coll = c.coll;
   desc.dtype = c.dtype;
   desc.op = c.op;
-  shm_->publishBoard(desc);
+  exec_->begin(desc);
   int64_t timeout = c.timeout_ms > 0 ? c.timeout_ms : cfg_.timeout_ms;
   Clock::time_point dl = deadline(timeout);
   auto direct = direct_.find(c.algo);
@@ -107,16 +103,16 @@ void Engine::run(const CollCall& c) {
 
 void Engine::allToAll(uint16_t algo, const char* in, const std::vector<size_t>& in_off,
                       const std::vector<size_t>& in_len, char* out, const std::vector<size_t>& out_off,
-                      const std::vector<size_t>& out_len, uint64_t desc_count, int64_t timeout_ms) {
+                      const std::vector<size_t>& out_len, DType dtype, uint64_t desc_count, int64_t timeout_ms) {
   algo::AllToAllFn fn = alltoall_.at(algo);
   exec_->checkAborted();
   CollDesc desc;
   desc.seq = ++coll_seq_;
   desc.count = desc_count;
   desc.coll = Coll::kAllToAll;
-  desc.dtype = DType::kBytes;
+  desc.dtype = dtype;
   desc.algo = algo;
-  shm_->publishBoard(desc);
+  exec_->begin(desc);
   int64_t timeout = timeout_ms > 0 ? timeout_ms : cfg_.timeout_ms;
   fn(algo::AllToAllArgs{*exec_, rank_, world_, in, in_off, in_len, out, out_off, out_len, desc, deadline(timeout),
                         timeout});
@@ -209,8 +205,8 @@ void Engine::fail(const std::string& msg, bool tell_peers) {
     if (!failure_.empty()) return;
     failure_ = msg;
   }
-  if (tell_peers) shm_->broadcastAbort(msg);
-  shm_->wakeSelf();
+  if (tell_peers) tr_->broadcastAbort(msg);
+  tr_->wakeSelf();
 }
 
 }  // namespace tilecomm::exec

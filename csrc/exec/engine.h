@@ -24,12 +24,13 @@
 #include "exec/executor.h"
 #include "exec/p2p.h"
 #include "exec/schedule.h"
-#include "transport/shm.h"
+#include "transport/transport.h"
 
 namespace tilecomm::exec {
 
 struct EngineConfig {
   transport::ShmConfig shm;
+  transport::TcpConfig tcp;
   WaitConfig wait;
   int64_t timeout_ms = 30 * 60 * 1000;
 };
@@ -54,11 +55,10 @@ class Engine {
 
   int rank() const { return rank_; }
   int world() const { return world_; }
-  transport::ShmTransport& shm() { return *shm_; }
+  transport::Transport& transport() { return *tr_; }
 
-  // ---- set-up, once per group ----
-  void connect(const std::vector<std::string>& names, const std::vector<int64_t>& pids);
-  void unlinkOwn() { shm_->unlinkOwn(); }
+  // ---- set-up, once per group (see transport::Transport) ----
+  void unlinkOwn() { tr_->shm().unlinkOwn(); }
   void addAlgorithm(Algorithm algo);
   /// Decision table of a collective: pick the first entry with nbytes <= max_bytes.
   void setTable(Coll coll, std::vector<std::pair<uint64_t, uint16_t>> table);
@@ -69,9 +69,10 @@ class Engine {
   /// Runs a collective's schedule; call from inside a task (see submit/runNow).
   void run(const CollCall& call);
   /// All-to-all over explicit byte ranges (uneven splits) with algorithm `algo`;
-  /// desc_count is what must agree across ranks (0 when block sizes vary). From inside a task.
+  /// dtype and desc_count are what must agree across ranks (desc_count 0 when
+  /// block sizes vary). From inside a task.
   void allToAll(uint16_t algo, const char* in, const std::vector<size_t>& in_off, const std::vector<size_t>& in_len,
-                char* out, const std::vector<size_t>& out_off, const std::vector<size_t>& out_len,
+                char* out, const std::vector<size_t>& out_off, const std::vector<size_t>& out_len, DType dtype,
                 uint64_t desc_count, int64_t timeout_ms);
 
   // ---- ordering (Note [Issue order]) ----
@@ -104,7 +105,7 @@ class Engine {
   int rank_;
   int world_;
   EngineConfig cfg_;
-  std::unique_ptr<transport::ShmTransport> shm_;
+  std::unique_ptr<transport::Transport> tr_;
   std::unique_ptr<Executor> exec_;
   std::unique_ptr<P2PEngine> p2p_;
   std::map<uint16_t, Algorithm> algos_;

@@ -1,4 +1,5 @@
-// Runs rounds of point-to-point steps over the shared-memory transport.
+// Runs rounds of point-to-point steps over the group's transport (shared
+// memory, TCP, or both).
 //
 // A round is a set of steps that progress concurrently: send a byte range to a
 // peer, or receive a byte range from a peer and copy or reduce it into place.
@@ -17,7 +18,7 @@
 
 #include "common/types.h"
 #include "kernels/wait.h"
-#include "transport/shm.h"
+#include "transport/transport.h"
 
 namespace tilecomm::exec {
 
@@ -53,7 +54,7 @@ struct WaitScope {
 
 class Executor {
  public:
-  Executor(transport::ShmTransport& shm, const WaitConfig& wc) : shm_(shm), wc_(wc) {}
+  Executor(transport::Transport& tr, const WaitConfig& wc) : tr_(tr), wc_(wc) {}
 
   /// Runs one round of a collective to completion. Throws tilecomm::Error on
   /// desync, a dead or failed peer, or timeout.
@@ -63,15 +64,17 @@ class Executor {
   /// A mailbox round (Note [Mailbox] in transport/shm.h): copies `len` bytes,
   /// at `offset` of a `msg_bytes` message, into our mailbox, arrives, and waits
   /// until every rank has. Returns the round for peerMailbox(). Read what you
-  /// need before the next round: the buffers are reused.
+  /// need before the next round: the buffers are reused. When some peers are
+  /// not in shared memory, the round is an exchange of the pieces through
+  /// slots instead (same results, p - 1 messages per rank).
   uint64_t exchangeMailbox(const CollDesc& desc, const char* data, size_t len, uint64_t offset, uint64_t msg_bytes,
                            Clock::time_point deadline, int64_t timeout_ms);
   /// The payload `peer` (or we) posted in `round`, once checked to be the same
   /// call and the same `len` bytes at `offset` of a `msg_bytes` message.
   const char* peerMailbox(int peer, uint64_t round, const CollDesc& desc, size_t len, uint64_t offset,
-                          uint64_t msg_bytes) const;
+                          uint64_t msg_bytes);
   /// Most bytes one mailbox round carries.
-  size_t mailboxBytes() const { return shm_.slotBytes(); }
+  size_t mailboxBytes() const { return tr_.slotBytes(); }
 
   /// Repeats pass(waiting) until it leaves `waiting` empty. A pass makes what
   /// progress it can without blocking, returns whether anything moved, and lists
@@ -81,24 +84,36 @@ class Executor {
   template <typename Pass>
   void drive(Pass&& pass, const CollDesc* desc, const char* what, Clock::time_point deadline, int64_t timeout_ms);
 
+  /// Called as collective `d` starts: publishes it on the board and remembers it
+  /// for mismatch messages.
+  void begin(const CollDesc& d);
+
   /// Makes every current and later wait throw (the group is being destroyed).
   void requestStop() { stop_.store(true, std::memory_order_release); }
   /// Throws if a peer told us the group failed (checked before each collective).
   void checkAborted() const;
 
-  transport::ShmTransport& shm() { return shm_; }
+  transport::Transport& transport() { return tr_; }
   const WaitConfig& waitConfig() const { return wc_; }
 
  private:
+  /// The desync message for a peer's descriptor `theirs` met while in `mine`
+  /// (compares our own call of the peer's sequence number when we remember it).
+  std::string mismatch(const CollDesc& mine, int peer, const CollDesc& theirs) const;
   bool progressSend(Step& s, std::vector<Step>& steps, const CollDesc& desc);
   bool progressRecv(Step& s, std::vector<Step>& steps, const CollDesc& desc, DType dtype, RedOp op);
   void checkFailures(const WaitScope& scope);
   std::string timeoutMessage(const WaitScope& scope, const std::string& where) const;
   void sleepOnDoorbell(uint32_t token, Clock::time_point deadline);
 
-  transport::ShmTransport& shm_;
+  transport::Transport& tr_;
   WaitConfig wc_;
   uint64_t mailbox_round_ = 0;  // same on every rank: each round is entered by all
+  std::vector<char> exchanged_;  // the pieces of an exchange round (no mailboxes), rank r's at r * len
+  std::vector<Step> exchange_steps_;
+  static constexpr size_t kHistory = 64;
+  static constexpr int64_t kStalledNs = 1000000000;  // a waiting rank records liveness every sleep (<= 20 ms)
+  CollDesc history_[kHistory];  // our recent calls, by sequence number
   std::atomic<bool> stop_{false};
 };
 
@@ -116,23 +131,23 @@ void Executor::drive(Pass&& pass, const CollDesc* desc, const char* what, Clock:
       continue;
     }
     WaitScope scope{desc, &waiting, what, deadline, timeout_ms};
-    if (shm_.abortedBy() || stop_.load(std::memory_order_relaxed)) checkFailures(scope);
+    if (tr_.abortedBy() || stop_.load(std::memory_order_relaxed)) checkFailures(scope);
     if (!backoff.idle()) continue;
     // NOTE: announce before the last pass; a peer that publishes after it sees
     // the announcement and moves the doorbell, so the sleep returns at once.
-    uint32_t token = shm_.announce();
+    uint32_t token = tr_.announce();
     waiting.clear();
     moved = pass(waiting);
     if (!moved && !waiting.empty()) {
       try {
         checkFailures(scope);
       } catch (...) {
-        shm_.unannounce();
+        tr_.unannounce();
         throw;
       }
       sleepOnDoorbell(token, deadline);
     }
-    shm_.unannounce();
+    tr_.unannounce();
     if (waiting.empty()) return;
     backoff.reset();
   }

@@ -13,7 +13,7 @@ using transport::Slot;
 
 P2PEngine::P2PEngine(Executor& exec, std::function<void(const std::string&)> on_fatal)
     : exec_(exec), on_fatal_(std::move(on_fatal)) {
-  int world = exec_.shm().world();
+  int world = exec_.transport().world();
   in_.resize(world);
   sent_msgs_.assign(world, 0);
 }
@@ -24,7 +24,7 @@ P2PEngine::~P2PEngine() {
     stop_ = true;
   }
   cv_.notify_all();
-  exec_.shm().wakeSelf();
+  exec_.transport().wakeSelf();
   if (thread_.joinable()) thread_.join();
 }
 
@@ -45,7 +45,7 @@ void P2PEngine::post(P2POp op) {
     incoming_.push_back(std::move(op));
   }
   cv_.notify_all();
-  exec_.shm().wakeSelf();  // the thread may be asleep on the doorbell
+  exec_.transport().wakeSelf();  // the thread may be asleep on the doorbell
 }
 
 void P2PEngine::finish(std::list<P2POp>::iterator it, const std::string& err) {
@@ -100,7 +100,7 @@ bool P2PEngine::pass(std::vector<int>& waiting) {
                          (op.peer >= 0 ? (op.send ? "" : "rank ") + std::to_string(op.peer) : "any rank") +
                          " (tag " + std::to_string(op.tag) + ", " + std::to_string(op.nbytes) + " bytes)";
       std::string msg = "timed out after " + std::to_string(op.timeout_ms) + " ms in point-to-point " + what +
-                        " on rank " + std::to_string(exec_.shm().rank());
+                        " on rank " + std::to_string(exec_.transport().rank());
       // NOTE: a message cut off half way leaves its channel out of step: that fails the group.
       if (op.progress > 0 || (op.matched && !op.finished && !op.send)) throw Error(ErrorKind::kTimeout, msg);
       finish(it, msg);
@@ -141,12 +141,12 @@ bool P2PEngine::pass(std::vector<int>& waiting) {
 }
 
 bool P2PEngine::progressSend(P2POp& op) {
-  ShmTransport& shm = exec_.shm();
+  transport::Transport& tr = exec_.transport();
   bool moved = false;
   while (!op.finished) {
-    Slot* slot = shm.trySendSlot(kP2PLane, op.peer);
+    Slot* slot = tr.trySendSlot(kP2PLane, op.peer);
     if (!slot) break;
-    size_t len = std::min<size_t>(shm.slotBytes(), op.nbytes - op.progress);
+    size_t len = std::min<size_t>(tr.slotBytes(), op.nbytes - op.progress);
     slot->hdr.desc = CollDesc{};
     slot->hdr.msg_bytes = op.nbytes;
     slot->hdr.offset = op.progress;
@@ -154,7 +154,7 @@ bool P2PEngine::progressSend(P2POp& op) {
     slot->hdr.tag = op.tag;
     slot->hdr.p2p_seq = sent_msgs_[op.peer];
     std::memcpy(ShmTransport::payload(slot), op.ptr + op.progress, len);
-    shm.commitSend(kP2PLane, op.peer);
+    tr.commitSend(kP2PLane, op.peer, len);
     op.progress += len;
     moved = true;
     if (op.progress == op.nbytes) {
@@ -185,14 +185,14 @@ bool P2PEngine::takeAside(P2POp& op, int src) {
 }
 
 bool P2PEngine::drainInbound(int src) {
-  ShmTransport& shm = exec_.shm();
+  transport::Transport& tr = exec_.transport();
   Inbound& in = in_[src];
   bool moved = false;
   while (in.sink != Sink::kNone) {
-    const Slot* slot = shm.tryRecvSlot(kP2PLane, src);
+    const Slot* slot = tr.tryRecvSlot(kP2PLane, src);
     if (!slot) break;
     const transport::SlotHeader h = slot->hdr;
-    if (h.msg_bytes != in.msg_bytes || h.offset != in.got || h.len > shm.slotBytes() ||
+    if (h.msg_bytes != in.msg_bytes || h.offset != in.got || h.len > tr.slotBytes() ||
         h.len > in.msg_bytes - in.got || (h.len == 0 && in.msg_bytes != 0))
       throw Error(ErrorKind::kDesync, "malformed point-to-point slice from rank " + std::to_string(src));
     const char* p = ShmTransport::payload(slot);
@@ -202,7 +202,7 @@ bool P2PEngine::drainInbound(int src) {
       std::memcpy(in.aside.back().data.data() + in.got, p, h.len);
       in.aside.back().arrived += h.len;
     }
-    shm.releaseRecv(kP2PLane, src);
+    tr.releaseRecv(kP2PLane, src, h.len);
     in.got += h.len;
     moved = true;
     if (in.got == in.msg_bytes) {
@@ -215,13 +215,13 @@ bool P2PEngine::drainInbound(int src) {
 }
 
 bool P2PEngine::progressRecv(P2POp& op) {
-  ShmTransport& shm = exec_.shm();
+  transport::Transport& tr = exec_.transport();
   int world = static_cast<int>(in_.size());
   if (op.matched) return drainInbound(op.peer);
   bool moved = false;
   for (int i = 0; i < world; ++i) {
     int src = op.peer >= 0 ? op.peer : i;
-    if (src == shm.rank() || (op.peer >= 0 && i > 0)) continue;
+    if (src == tr.rank() || (op.peer >= 0 && i > 0)) continue;
     if (takeAside(op, src)) return true;
     Inbound& in = in_[src];
     if (in.sink != Sink::kNone) {  // another message from src is in flight: keep it moving
@@ -229,7 +229,7 @@ bool P2PEngine::progressRecv(P2POp& op) {
       if (in.sink != Sink::kNone) continue;
       if (takeAside(op, src)) return true;
     }
-    const Slot* slot = shm.tryRecvSlot(kP2PLane, src);
+    const Slot* slot = tr.tryRecvSlot(kP2PLane, src);
     if (!slot) continue;
     const transport::SlotHeader h = slot->hdr;
     if (h.offset != 0) throw Error(ErrorKind::kDesync, "point-to-point stream from rank " + std::to_string(src) +

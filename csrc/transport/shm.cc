@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <random>
 
@@ -26,7 +27,7 @@ namespace transport {
 
 namespace {
 constexpr uint64_t kMagic = 0x746c636f6d6d3031ull;  // "tlcomm01"
-constexpr uint32_t kVersion = 2;
+constexpr uint32_t kVersion = 3;
 constexpr size_t kErrorBytes = 1024;
 constexpr const char* kPrefix = "tilecomm-";
 
@@ -72,9 +73,13 @@ struct ShmTransport::SegHeader {
   alignas(64) std::atomic<uint64_t> arrivals;  // mailbox arrivals, used in rank 0's segment (Note [Mailbox])
   alignas(64) std::atomic<uint32_t> abort_from;  // rank + 1 of the first failed rank that told us
   std::atomic<uint32_t> error_len;               // set once error_msg is complete
-  alignas(64) std::atomic<uint64_t> board_version;  // seqlock: odd while being written
-  std::atomic<uint64_t> board_seq;
-  CollDesc board_desc;
+  alignas(64) std::atomic<int64_t> alive_ns;  // steady-clock time this rank last ran a wait or a collective
+  alignas(64) std::atomic<uint64_t> board_latest;  // sequence number of the latest call on the board
+  struct Row {
+    std::atomic<uint64_t> version;  // seqlock: odd while being written
+    uint64_t seq;
+    CollDesc desc;
+  } board[kBoardRows];  // recent calls, by seq % kBoardRows
   alignas(64) char error_msg[kErrorBytes];
 };
 
@@ -134,12 +139,14 @@ ShmTransport::~ShmTransport() {
     if (fd >= 0) close(fd);
 }
 
-void ShmTransport::connect(const std::vector<std::string>& names, const std::vector<int64_t>& pids) {
-  if (static_cast<int>(names.size()) != world_ || static_cast<int>(pids.size()) != world_)
-    throw Error(ErrorKind::kInvalid, "connect: expected one segment name and pid per rank");
+void ShmTransport::connect(const std::vector<std::string>& names, const std::vector<int64_t>& pids,
+                           const std::vector<bool>& local) {
+  if (static_cast<int>(names.size()) != world_ || static_cast<int>(pids.size()) != world_ ||
+      static_cast<int>(local.size()) != world_)
+    throw Error(ErrorKind::kInvalid, "connect: expected one segment name, pid and link per rank");
   for (int r = 0; r < world_; ++r) {
     pids_[r] = pids[r];
-    if (r == rank_) continue;
+    if (r == rank_ || !local[r]) continue;
     int fd = shm_open(names[r].c_str(), O_RDWR, 0);
     if (fd < 0) throwSystemError("shm_open of rank " + std::to_string(r) + "'s segment " + names[r]);
     struct stat st;
@@ -276,41 +283,57 @@ void ShmTransport::broadcastAbort(const std::string& msg) {
   }
 }
 
-int ShmTransport::deadPeer(bool all) const {
-  int found = -1;
-  for (int r = 0; r < world_; ++r) {
-    if (r == rank_) continue;
-    bool dead;
-    if (pidfds_[r] >= 0) {
-      struct pollfd p = {pidfds_[r], POLLIN, 0};
-      dead = poll(&p, 1, 0) > 0;
-    } else {
-      dead = pids_[r] > 0 && kill(static_cast<pid_t>(pids_[r]), 0) != 0 && errno == ESRCH;
-    }
-    if (dead && !all) return r;
-    if (!dead && all) return -1;
-    if (dead) found = r;
-  }
-  return found;
+void ShmTransport::noteAbort(int peer) {
+  uint32_t none = 0;
+  header(rank_)->abort_from.compare_exchange_strong(none, static_cast<uint32_t>(peer + 1));
+  wakeSelf();
 }
+
+bool ShmTransport::peerDead(int r) const {
+  if (pidfds_[r] >= 0) {
+    struct pollfd p = {pidfds_[r], POLLIN, 0};
+    return poll(&p, 1, 0) > 0;
+  }
+  return pids_[r] > 0 && kill(static_cast<pid_t>(pids_[r]), 0) != 0 && errno == ESRCH;
+}
+
+int64_t ShmTransport::nowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+void ShmTransport::heartbeat() { header(rank_)->alive_ns.store(nowNs(), std::memory_order_relaxed); }
+
+int64_t ShmTransport::lastAlive(int peer) const { return header(peer)->alive_ns.load(std::memory_order_relaxed); }
 
 void ShmTransport::publishBoard(const CollDesc& d) {
   SegHeader* h = header(rank_);
-  uint64_t v = h->board_version.load(std::memory_order_relaxed);
-  h->board_version.store(v + 1, std::memory_order_relaxed);
+  SegHeader::Row& row = h->board[d.seq % kBoardRows];
+  uint64_t v = row.version.load(std::memory_order_relaxed);
+  row.version.store(v + 1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
-  h->board_desc = d;
-  h->board_seq.store(d.seq, std::memory_order_relaxed);
-  h->board_version.store(v + 2, std::memory_order_release);
+  row.desc = d;
+  row.seq = d.seq;
+  row.version.store(v + 2, std::memory_order_release);
+  h->board_latest.store(d.seq, std::memory_order_release);
+}
+
+std::optional<BoardEntry> ShmTransport::readBoardAt(int peer, uint64_t seq) const {
+  SegHeader::Row& row = header(peer)->board[seq % kBoardRows];
+  for (;;) {
+    uint64_t v1 = row.version.load(std::memory_order_acquire);
+    BoardEntry e{row.seq, row.desc};
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (v1 % 2 == 0 && row.version.load(std::memory_order_relaxed) == v1)
+      return e.seq == seq ? std::optional<BoardEntry>(e) : std::nullopt;
+  }
 }
 
 BoardEntry ShmTransport::readBoard(int peer) const {
-  SegHeader* h = header(peer);
   for (;;) {
-    uint64_t v1 = h->board_version.load(std::memory_order_acquire);
-    BoardEntry e{h->board_seq.load(std::memory_order_relaxed), h->board_desc};
-    std::atomic_thread_fence(std::memory_order_acquire);
-    if (v1 % 2 == 0 && h->board_version.load(std::memory_order_relaxed) == v1) return e;
+    uint64_t latest = header(peer)->board_latest.load(std::memory_order_acquire);
+    if (latest == 0) return BoardEntry{0, CollDesc{}};
+    if (std::optional<BoardEntry> e = readBoardAt(peer, latest)) return *e;  // else overwritten meanwhile: again
   }
 }
 

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,7 @@ struct Slot {
   // payload follows at kSlotHeaderBytes
 };
 constexpr size_t kSlotHeaderBytes = 128;
+constexpr size_t kBoardRows = 16;  // recent calls each rank keeps on its board
 static_assert(sizeof(Slot) <= kSlotHeaderBytes, "slot header outgrew its space");
 
 struct ShmConfig {
@@ -71,8 +73,9 @@ class ShmTransport {
   ShmTransport& operator=(const ShmTransport&) = delete;
 
   const std::string& segmentName() const { return name_; }
-  /// Maps every peer's segment (names[r], pids[r]); opens liveness handles.
-  void connect(const std::vector<std::string>& names, const std::vector<int64_t>& pids);
+  /// Maps the segment of every peer with local[r] set (names[r], pids[r]);
+  /// opens liveness handles. Other peers are reached another way.
+  void connect(const std::vector<std::string>& names, const std::vector<int64_t>& pids, const std::vector<bool>& local);
   /// Removes this rank's segment name; call once every peer has mapped it.
   void unlinkOwn();
 
@@ -108,21 +111,33 @@ class ShmTransport {
   void unannounce();
   /// Wakes this rank's own sleepers (used on shutdown and local errors).
   void wakeSelf();
+  /// Moves this rank's doorbell, waking its sleepers if any (another
+  /// transport's thread uses it when it delivered something).
+  void ringSelf() { ring(rank_); }
 
   // ---- failure ----
   /// First failed rank that told us (0 when none), and its message.
   int abortedBy() const;
   std::string peerError(int peer) const;
-  /// Records msg in our segment and tells every peer that we failed.
+  /// Records msg in our segment and tells every mapped peer that we failed.
   void broadcastAbort(const std::string& msg);
-  /// First peer whose process has exited, or -1. With all=true: the last peer,
-  /// and only when every peer has exited.
-  int deadPeer(bool all) const;
+  /// Records that `peer` told us (another way) that it failed.
+  void noteAbort(int peer);
+  /// Whether the process of mapped peer `peer` has exited.
+  bool peerDead(int peer) const;
   int64_t peerPid(int peer) const { return pids_[peer]; }
 
   // ---- board ----
   void publishBoard(const CollDesc& d);
+  /// The latest call on `peer`'s board ({0, {}} before its first).
   BoardEntry readBoard(int peer) const;
+  /// What `peer` called as collective #seq, if that is among its recent calls.
+  std::optional<BoardEntry> readBoardAt(int peer, uint64_t seq) const;
+  /// Liveness: this rank records the time whenever it starts a collective or
+  /// waits (at least every sleep); a peer's stale time means it is not running.
+  void heartbeat();
+  int64_t lastAlive(int peer) const;  // steady-clock ns (one clock per host)
+  static int64_t nowNs();
 
  private:
   struct SegHeader;

@@ -1,9 +1,10 @@
 """Registration with torch.distributed, and the set-up of one group.
 
 Set-up runs once per process group, off the hot path: agree on settings (rank
-0's win), create and exchange the shared-memory segments through the c10d
-Store, hand every algorithm's schedule and the decision table to the engine,
-then start its progress threads.
+0's win), create and exchange the shared-memory segments (and, between hosts,
+the TCP listeners' addresses) through the c10d Store, connect, hand every
+algorithm's schedule and the decision table to the engine, then start its
+progress threads.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
+import socket
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -69,12 +72,9 @@ def create(opts, pg_options=None):
 
     def make_config():
         cfg = settings.resolve()
-        if cfg["TILECOMM_CUDA_ALLREDUCE"] not in settings.CUDA_ALLREDUCE_CHOICES:
-            raise ValueError(
-                f"TILECOMM_CUDA_ALLREDUCE={cfg['TILECOMM_CUDA_ALLREDUCE']!r}: expected one of "
-                + ", ".join(settings.CUDA_ALLREDUCE_CHOICES)
-            )
-        labels = [json.loads(store.get(pre + f"host/{r}").decode())[0] for r in range(world)]
+        hosts = [json.loads(store.get(pre + f"host/{r}").decode()) for r in range(world)]
+        labels = [label for label, _ in hosts]
+        links = topology.links(hosts, cfg["TILECOMM_TRANSPORT"])
         if _debug_info(cfg):
             _enable_info_log()
         forced = selector.parse_forced(cfg["TILECOMM_ALGO"])
@@ -83,10 +83,13 @@ def create(opts, pg_options=None):
             profile = selector.load_profile(path or None)
         except ValueError as e:
             raise ValueError(f"TILECOMM_PROFILE: {e}") from None
-        layout = topology.Topology(tuple(labels), "shm").layout
-        tables = selector.build_tables(world, forced, profile, layout)
+        topo = topology.Topology(tuple(labels), links)
+        tables = selector.build_tables(world, forced, profile, topo.layout, topo.domains)
         profile_info = selector.describe_profile(profile, path or None)
-        return {"settings": cfg, "labels": labels, "tables": tables, "profile": profile_info}
+        # The job token every TCP connection must present (Note [TCP frames]).
+        token = secrets.token_hex(32)
+        return {"settings": cfg, "labels": labels, "links": links, "token": token, "tables": tables,
+                "profile": profile_info}
 
     try:
         agreed = _agree(store, pre + "config", rank, make_config)
@@ -102,27 +105,36 @@ def create(opts, pg_options=None):
         world,
         slots=cfg["TILECOMM_SHM_SLOTS"],
         slot_bytes=cfg["TILECOMM_SHM_SLOT_BYTES"],
+        tcp_slots=cfg["TILECOMM_TCP_SLOTS"],
         spins=_spins(cfg, world),
         yields=cfg["TILECOMM_YIELDS"],
         sleep_us=cfg["TILECOMM_SLEEP_US"],
         timeout_ms=timeout_ms,
     )
-    store.set(pre + f"peer/{rank}", json.dumps([engine.segment_name(), os.getpid(), me]))
+    topo = topology.Topology(tuple(agreed["labels"]), agreed["links"])
+    mine = topo.links_from(rank)
+    addr, port = "", 0
+    if topology.TCP in mine:
+        ifname = settings.value("TILECOMM_SOCKET_IFNAME")
+        addr = _C.interface_address(ifname) if ifname else _address_reaching(store)
+        port = engine.listen(addr)
+    store.set(pre + f"peer/{rank}", json.dumps([engine.segment_name(), os.getpid(), addr, port]))
     peers = [json.loads(store.get(pre + f"peer/{r}").decode()) for r in range(world)]
-    machines = sorted({m for _, _, m in peers})
-    if len(machines) > 1:
-        raise RuntimeError(
-            f"tilecomm: this group spans {len(machines)} machines, but this version only connects ranks on one host "
-            "(shared memory); the TCP transport is not available yet"
-        )
-    engine.connect([n for n, _, _ in peers], [pid for _, pid, _ in peers])
+    engine.connect(
+        [topology.LINK_IDS[k] for k in mine],
+        [name for name, _, _, _ in peers],
+        [pid for _, pid, _, _ in peers],
+        [a for _, _, a, _ in peers],
+        [p for _, _, _, p in peers],
+        bytes.fromhex(agreed["token"]),
+        timeout_ms,
+    )
     # Unlink once every peer has mapped our segment: nothing outlives the job.
     if store.add(pre + "mapped", 1) == world:
         store.set(pre + "mapped_all", "1")
     store.wait([pre + "mapped_all"])
     engine.unlink_own()
 
-    topo = topology.Topology(tuple(agreed["labels"]), "shm")
     topology.record(opts.group_id, topo)
     for algo in algorithms.ALGORITHMS:
         if algo.direct:
@@ -140,15 +152,38 @@ def create(opts, pg_options=None):
     engine.start()
     pg = _C.ProcessGroupTilecomm(engine, timeout_ms)
     if _C.HAS_CUDA:  # CUDA tensors; the cuda_ipc handles go through the Store on first use
+        # GPUs reach each other's memory only inside a shared-memory domain (one host):
+        # a group with TCP links stages every CUDA operation through pinned host memory.
+        one_domain = len(set(topo.domains)) == 1
         pg.set_cuda(
             store,
             pre,
             cfg["TILECOMM_CUDA_ALLREDUCE"],
-            max(0, cfg["TILECOMM_CUDA_IPC_BYTES"]),
+            max(0, cfg["TILECOMM_CUDA_IPC_BYTES"]) if one_domain else 0,
             max(0, cfg["TILECOMM_CUDA_TWO_SHOT_BYTES"]),
             timeout_ms,
+            proto=cfg["TILECOMM_PROTO"],
+            ll_bytes=max(0, cfg["TILECOMM_LL_BYTES"]),
         )
     return pg
+
+
+def _address_reaching(store) -> str:
+    """This host's address on the route to the c10d Store's host (else: of the host's own name)."""
+    host = None
+    while store is not None and host is None:
+        host = getattr(store, "host", None)
+        store = getattr(store, "underlying_store", None)
+    targets = [host] if host else []
+    for target in targets + [socket.gethostname()]:
+        try:
+            family, _, _, _, sockaddr = socket.getaddrinfo(target, 9, type=socket.SOCK_DGRAM)[0]
+            with socket.socket(family, socket.SOCK_DGRAM) as s:
+                s.connect(sockaddr)  # UDP: picks the route, sends nothing
+                return s.getsockname()[0]
+        except OSError:
+            continue
+    return "127.0.0.1"
 
 
 def _debug_info(cfg):

@@ -10,6 +10,17 @@ writes one JSON record per row. Bus bandwidth uses nccl-tests' factors:
 all_reduce 2(p-1)/p; all_gather, reduce_scatter, all_to_all (p-1)/p;
 broadcast, reduce 1. gather, scatter and barrier are timed when named in
 ``--collective`` (bus factor 1; a barrier moves no bytes).
+
+``--device cuda`` puts the buffers on the GPU (rank r on GPU r % count; with
+``--backend tilecomm,nccl`` the ratio is to NCCL): the mean is nccl-tests' (one
+synchronize after the back-to-back calls), the percentiles come from a second
+loop that synchronizes after each call. ``--graph`` (CUDA) captures the
+``-n`` calls in one CUDA graph and times its replay.
+
+``--hosts 2x4`` (or a comma list of one name per rank) gives the ranks
+simulated host names (TILECOMM_HOSTNAME): shared memory inside a host, TCP
+between. ``--link-bytes`` adds a column with the payload bytes the busiest rank
+sent over TCP per call (tilecomm.stats), the traffic that would cross hosts.
 """
 
 from __future__ import annotations
@@ -69,8 +80,9 @@ def sizes(lo: int, hi: int, factor: int):
 class Case:
     """Buffers and one call of a collective on a total buffer of `nbytes`."""
 
-    def __init__(self, coll, nbytes, dtype, op, rank, world, group):
+    def __init__(self, coll, nbytes, dtype, op, rank, world, group, device="cpu"):
         self.coll, self.op, self.rank, self.world, self.group = coll, op, rank, world, group
+        self.device = torch.device(device)
         esize = torch.empty((), dtype=dtype).element_size()
         per_rank = coll in BLOCKED
         count = max(nbytes // esize, 0) if coll != "barrier" else 0
@@ -83,18 +95,18 @@ class Case:
         self.start = self._pattern(count if coll in ("reduce_scatter", "all_to_all", "scatter") else blk)
         self.inp = self.start.clone()
         if coll in ("all_gather", "all_to_all"):
-            self.out = torch.empty(count, dtype=dtype)
+            self.out = torch.empty(count, dtype=dtype, device=self.device)
         elif coll in ("reduce_scatter", "scatter"):
-            self.out = torch.empty(blk, dtype=dtype)
+            self.out = torch.empty(blk, dtype=dtype, device=self.device)
         elif coll == "gather":
-            self.out = [torch.empty(blk, dtype=dtype) for _ in range(world)] if rank == 0 else None
+            self.out = [torch.empty(blk, dtype=dtype, device=self.device) for _ in range(world)] if rank == 0 else None
         else:
             self.out = self.inp
 
     def _pattern(self, n):
         # Small integers: exact in every dtype and under sum for any world size.
         base = (torch.arange(n, dtype=torch.int64) % 7 + self.rank + 1)
-        return base.to(self.dtype)
+        return base.to(self.dtype).to(self.device)
 
     def reset(self):
         if self.coll in ("all_reduce", "reduce", "broadcast"):
@@ -152,22 +164,44 @@ def expected(case: Case):
     return None
 
 
-def time_case(case: Case, iters: int, warmup: int, timing_group):
+def time_case(case: Case, iters: int, warmup: int, timing_group, graph: bool = False):
     """(mean, per-iteration times): nccl-tests' method, the wall time of `iters`
     back-to-back calls divided by `iters`, the slowest rank's; and each call's
     own time, the slowest rank's, for the percentiles."""
+    cuda = case.device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     times = [0.0] * (iters + 1)  # a plain list: bookkeeping stays out of the timed loop's way
     dist.barrier(group=timing_group)
     # Warm-up after the barrier: the barrier releases ranks at different moments
     # (by up to a millisecond with Gloo); these calls absorb that skew.
     for _ in range(warmup):
         case.run()
-    start = time.perf_counter()
-    for i in range(iters):
-        t0 = time.perf_counter()
-        case.run()
-        times[i] = time.perf_counter() - t0
-    times[iters] = (time.perf_counter() - start) / max(iters, 1)
+    sync()
+    if graph:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(iters):
+                case.run()
+        sync()
+        dist.barrier(group=timing_group)
+        start = time.perf_counter()
+        g.replay()
+        sync()
+        times = [(time.perf_counter() - start) / max(iters, 1)] * (iters + 1)
+    else:
+        start = time.perf_counter()
+        for i in range(iters):
+            t0 = time.perf_counter()
+            case.run()
+            times[i] = time.perf_counter() - t0
+        sync()
+        times[iters] = (time.perf_counter() - start) / max(iters, 1)
+        if cuda:  # each call's own time needs a synchronize after it
+            for i in range(iters):
+                t0 = time.perf_counter()
+                case.run()
+                sync()
+                times[i] = time.perf_counter() - t0
     t = torch.tensor(times, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=timing_group)
     return float(t[iters]), t[:iters]
@@ -179,7 +213,7 @@ def check_case(case: Case, timing_group):
     exp = expected(case)
     wrong = 0
     if exp is not None:
-        wrong = int((case.result().to(torch.float64) != exp.to(torch.float64)).sum())
+        wrong = int((case.result().cpu().to(torch.float64) != exp.to(torch.float64)).sum())
     t = torch.tensor([wrong], dtype=torch.int64)
     dist.all_reduce(t, group=timing_group)
     return int(t)
@@ -200,10 +234,11 @@ def _print_rows(coll, world, args, rows, out):
         root = 0 if coll in ("broadcast", "reduce", "gather", "scatter") else -1
         redop = args.op if coll in ("all_reduce", "reduce_scatter", "reduce") else "none"
         ratio = mean / ref if ref else float("nan")
+        tcp = getattr(case, "tcp_bytes", None)
         print(
             f"{b:>30} {case.nbytes:>11} {case.count:>10} {args.datatype:>8} {redop:>5} {root:>4} "
             f"{mean * 1e6:>10.2f} {algbw:>8.3f} {busbw:>8.3f} {wrong:>6} {p50 * 1e6:>9.2f} "
-            f"{p99 * 1e6:>9.2f} {ratio:>6.3f}",
+            f"{p99 * 1e6:>9.2f} {ratio:>6.3f}" + ("" if not args.link_bytes else f" {tcp if tcp is not None else float('nan'):>11.0f}"),
             flush=True,
         )
         if out:
@@ -212,6 +247,14 @@ def _print_rows(coll, world, args, rows, out):
                 dtype=args.datatype, op=redop, time_us=mean * 1e6, p50_us=p50 * 1e6, p99_us=p99 * 1e6,
                 algbw_gbs=algbw, busbw_gbs=busbw, wrong=wrong, ratio=ratio,
             )
+            if args.hosts:
+                rec["hosts"] = args.hosts
+            if args.device != "cpu":
+                rec["device"], rec["graph"] = args.device, args.graph
+            if os.environ.get("TILECOMM_TRANSPORT"):
+                rec["transport"] = os.environ["TILECOMM_TRANSPORT"]
+            if tcp is not None:
+                rec["tcp_bytes_per_call"] = tcp
             out.write(json.dumps(rec) + "\n")
             out.flush()
 
@@ -231,8 +274,30 @@ def _algo_groups(coll, spec, world):
     return groups
 
 
+def host_names(spec: str, world: int) -> list[str]:
+    """--hosts: "HxG" (H hosts of G consecutive ranks) or one name per rank, comma-separated."""
+    if "x" in spec and "," not in spec:
+        h, g = (int(v) for v in spec.split("x"))
+        names = [f"host{r // g}" for r in range(h * g)]
+    else:
+        names = spec.split(",")
+    if len(names) != world:
+        raise SystemExit(f"--hosts {spec!r} names {len(names)} ranks, but --np is {world}")
+    return names
+
+
+def _tcp_sent(group):
+    import tilecomm  # noqa: PLC0415
+
+    return tilecomm.stats(group)["tcp"]["bytes_sent"]
+
+
 def _worker(rank, world, args):
     backends = [b.strip() for b in args.backend.split(",") if b.strip()]
+    if args.hosts:
+        os.environ["TILECOMM_HOSTNAME"] = host_names(args.hosts, world)[rank]
+    if args.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
     if "tilecomm" in backends:
         import tilecomm  # noqa: F401,PLC0415
     dist.init_process_group("gloo" if "tilecomm" not in backends else "tilecomm", rank=rank, world_size=world)
@@ -255,13 +320,20 @@ def _worker(rank, world, args):
             print(
                 f"#{'backend':>29} {'size':>11} {'count':>10} {'type':>8} {'redop':>5} {'root':>4} "
                 f"{'time(us)':>10} {'algbw':>8} {'busbw':>8} {'#wrong':>6} {'p50(us)':>9} {'p99(us)':>9} {'ratio':>6}"
+                + (f" {'tcpB/call':>11}" if args.link_bytes else "")
             )
         for nbytes in sizes(args.minbytes, args.maxbytes, args.stepfactor):
             rows = []
             for b in groups:
-                case = Case(coll, nbytes, dtype, op, rank, world, groups[b])
+                case = Case(coll, nbytes, dtype, op, rank, world, groups[b], args.device)
+                counted = args.link_bytes and b.startswith("tilecomm")
                 try:
-                    mean, times = time_case(case, args.iters, args.warmup, timing)
+                    before = _tcp_sent(groups[b]) if counted else 0
+                    mean, times = time_case(case, args.iters, args.warmup, timing, args.graph)
+                    if counted:
+                        sent = torch.tensor([(_tcp_sent(groups[b]) - before) / (args.iters + args.warmup)])
+                        dist.all_reduce(sent, op=dist.ReduceOp.MAX, group=timing)
+                        case.tcp_bytes = float(sent)
                     wrong = check_case(case, timing) if args.check else 0
                 except (RuntimeError, ValueError) as e:
                     rows.append((b, case, None, str(e).splitlines()[0][:80]))
@@ -293,13 +365,20 @@ def build_parser():
     )
     p.add_argument("--algo", default="", help="also time tilecomm with each named algorithm forced (or 'all')")
     p.add_argument("--jsonl", default="", help="append one JSON record per row to this file")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the buffers live")
+    p.add_argument("--graph", action="store_true", help="CUDA: time the replay of a graph of -n captured calls")
+    p.add_argument("--hosts", default="", help="simulated hosts: HxG, or one name per rank (comma-separated)")
+    p.add_argument("--link-bytes", action="store_true", help="add the busiest rank's TCP bytes per call")
     return p
 
 
 def main(argv=None):
     from tilecomm import launch  # noqa: PLC0415
 
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if args.graph and args.device != "cuda":
+        ap.error("--graph needs --device cuda")
     launch.run(_worker, args.np, args)
 
 

@@ -1,9 +1,10 @@
 """Shows how the selector decides: ``python -m tilecomm.explain``.
 
-    python -m tilecomm.explain --collective all_reduce --world-size 8 [--size 1MB] [--profile profile.json]
+    python -m tilecomm.explain --collective all_reduce --world-size 8 [--hosts 2] [--size 1MB] [--profile profile.json]
 
-Prints the decision table of a collective (or of all) at a world size: byte
-ranges and the algorithm picked in each. With ``--size``, also every candidate
+Prints the decision table of a collective (or of all) at a world size (on
+``--hosts`` hosts of consecutive ranks, as equal as can be; shared memory inside
+a host, TCP between): byte ranges and the algorithm picked in each. With ``--size``, also every candidate
 algorithm with its predicted time split into the latency, bandwidth and
 reduction terms, fastest first, the table's pick marked. The profile is
 ``--profile``, else TILECOMM_PROFILE, else the shipped default.
@@ -28,24 +29,33 @@ def format_bytes(n: int) -> str:
     return f"{n} B"
 
 
-def table_lines(collective: str, world: int, profile) -> list[str]:
-    table = selector.build_table(collective, world, {}, profile)
-    lines = [f"{collective}, world size {world} (decision table, float32):"]
+def host_layout(world: int, hosts: int) -> tuple[int, ...]:
+    """Host index per rank: consecutive ranks, hosts as equal as can be (the first ones one larger)."""
+    sizes = [world // hosts + (h < world % hosts) for h in range(hosts)]
+    return tuple(h for h, n in enumerate(sizes) for _ in range(n))
+
+
+def table_lines(collective: str, world: int, profile, layout=None) -> list[str]:
+    table = selector.build_table(collective, world, {}, profile, layout, layout)
+    where = "" if layout is None else f" on {len(set(layout))} hosts"
+    lines = [f"{collective}, world size {world}{where} (decision table, float32):"]
     for lo, hi, algo in selector.table_ranges(table):
         span = f"{format_bytes(lo)} .. {'inf' if hi is None else format_bytes(hi)}"
         lines.append(f"  {span:<28} {algo.name}")
     return lines
 
 
-def candidate_lines(collective: str, world: int, nbytes: int, dtype: str, profile) -> list[str]:
-    picked = selector.lookup(selector.build_table(collective, world, {}, profile), nbytes)
+def candidate_lines(collective: str, world: int, nbytes: int, dtype: str, profile, layout=None) -> list[str]:
+    picked = selector.lookup(selector.build_table(collective, world, {}, profile, layout, layout), nbytes)
     rows = []
     for a in algorithms.for_collective(collective):
-        pr = selector.predict_algo(a, world, nbytes, profile, dtype)
+        pr = selector.predict_algo(a, world, nbytes, profile, dtype, layout)
         rows.append((pr.total_s, a.id, a, pr, selector.correction(profile, world, a.name)))
     rows.sort(key=lambda r: (r[0], r[1]))
     lines = [
-        f"{collective} of {format_bytes(nbytes)} ({nbytes} B), world size {world}, {dtype}; predicted us:",
+        f"{collective} of {format_bytes(nbytes)} ({nbytes} B), world size {world}"
+        + ("" if layout is None else f" on {len(set(layout))} hosts")
+        + f", {dtype}; predicted us:",
         f"  {'':2}{'algorithm':<34}{'total':>11}{'latency':>11}{'bandwidth':>11}{'reduction':>11}  corrections",
     ]
     for total, _, a, pr, (c_lat, c_bw) in rows:
@@ -67,7 +77,7 @@ def build_parser():
     ap = argparse.ArgumentParser(prog="python -m tilecomm.explain", description=__doc__.split("\n\n")[0])
     ap.add_argument("--collective", required=True, choices=algorithms.COLLECTIVES + ["all"])
     ap.add_argument("--world-size", type=int, required=True)
-    ap.add_argument("--hosts", type=int, default=1, help="hosts the ranks span (not modelled yet; reported)")
+    ap.add_argument("--hosts", type=int, default=1, help="hosts the ranks span (consecutive ranks per host)")
     ap.add_argument("--size", type=bench.parse_size, help="also break down every candidate at this size (e.g. 1MB)")
     ap.add_argument("--dtype", default=selector.TABLE_DTYPE, choices=_DTYPES, help="dtype for --size's reduction term")
     ap.add_argument("--profile", help="profile JSON (default: TILECOMM_PROFILE, else the shipped default)")
@@ -90,20 +100,16 @@ def main(argv=None):
     except ValueError as e:
         ap.error(str(e))
     out = [f"profile: {selector.describe_profile(profile, path or None)}"]
-    if args.hosts > 1:
-        out.append(
-            f"note: --hosts {args.hosts} does not change the model yet: this version connects ranks on one host "
-            "only, so every pair of ranks uses the one link class 'shm'; what follows is the single-host model"
-        )
+    layout = host_layout(args.world_size, args.hosts) if args.hosts > 1 else None
     if cfg["TILECOMM_ALGO"]:
         out.append(f"note: TILECOMM_ALGO={cfg['TILECOMM_ALGO']!r} is set; groups would use the algorithms it forces")
     colls = algorithms.COLLECTIVES if args.collective == "all" else [args.collective]
     for coll in colls:
         out.append("")
-        out += table_lines(coll, args.world_size, profile)
+        out += table_lines(coll, args.world_size, profile, layout)
         if args.size is not None:
             out.append("")
-            out += candidate_lines(coll, args.world_size, args.size, args.dtype, profile)
+            out += candidate_lines(coll, args.world_size, args.size, args.dtype, profile, layout)
     print("\n".join(out))
     return 0
 

@@ -117,11 +117,16 @@ class CostTerms:
     rounds: message latencies on the critical path (one alpha each).
     wire: bytes sent per byte of buffer by the busiest rank.
     reduced: bytes reduced per byte of buffer by the busiest rank.
+    remote_rounds, remote_wire: the parts of rounds and wire that cross a TCP
+    link (priced with that link class's alpha and beta; 0 when every peer is
+    in shared memory).
     """
 
     rounds: int
     wire: float
     reduced: float
+    remote_rounds: int = 0
+    remote_wire: float = 0.0
 
 
 def inter_host_wire(schedule: Schedule, layout) -> float:
@@ -133,8 +138,10 @@ def inter_host_wire(schedule: Schedule, layout) -> float:
     return worst
 
 
-def critical_path(schedule: Schedule) -> int:
-    """Message latencies on the longest chain of dependent messages.
+def critical_path(schedule: Schedule, remote=None) -> tuple[int, int]:
+    """Message latencies on the longest chain of dependent messages, and how
+    many of them cross a remote link (``remote(i, j)``; of the chains of that
+    length, the one with most remote messages).
 
     A message is delivered one unit after its sender is ready (its round has
     started; for a forwarding send, the receive it forwards is delivered) and
@@ -166,7 +173,7 @@ def critical_path(schedule: Schedule) -> int:
 
     def round_start(r, k):
         if k == 0:
-            return 0
+            return (0, 0)
         if (r, k) not in memo_start:
             rnd = ranks[r][k - 1]
             memo_start[(r, k)] = max([round_start(r, k - 1)] + [delivered(partner[(r, k - 1, i)]) for i in range(len(rnd))])
@@ -182,7 +189,8 @@ def critical_path(schedule: Schedule) -> int:
         rr, kr, _ = recvs[key]
         op = ranks[rs][ks][i]
         ready = delivered(partner[(rs, ks, op.dep)]) if op.dep >= 0 else round_start(rs, ks)
-        memo_msg[key] = max(ready, round_start(rr, kr)) + 1
+        t, far = max(ready, round_start(rr, kr))
+        memo_msg[key] = (t + 1, far + (1 if remote is not None and remote(rs, rr) else 0))
         busy.discard(key)
         return memo_msg[key]
 
@@ -191,17 +199,24 @@ def critical_path(schedule: Schedule) -> int:
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(max(limit, 100000))
     try:
-        return max((round_start(r, len(ranks[r])) for r in range(p)), default=0)
+        return max((round_start(r, len(ranks[r])) for r in range(p)), default=(0, 0))
     finally:
         sys.setrecursionlimit(limit)
 
 
-def cost_terms(schedule: Schedule) -> CostTerms:
-    """Reads the cost terms off a schedule (never written by hand twice)."""
+def cost_terms(schedule: Schedule, remote=None) -> CostTerms:
+    """Reads the cost terms off a schedule (never written by hand twice).
+
+    remote(i, j): whether ranks i and j talk over TCP (None: all shared memory).
+    """
     c = schedule.nchunks
-    wire = reduced = 0.0
-    for rank_rounds in schedule.ranks:
+    wire = reduced = remote_wire = 0.0
+    for r, rank_rounds in enumerate(schedule.ranks):
         ops = [op for rnd in rank_rounds for op in rnd]
         wire = max(wire, sum((op.hi - op.lo) / c for op in ops if op.kind == SEND))
         reduced = max(reduced, sum((op.hi - op.lo) / c for op in ops if op.kind == RECV_REDUCE))
-    return CostTerms(critical_path(schedule), wire, reduced)
+        if remote is not None:
+            far = sum((op.hi - op.lo) / c for op in ops if op.kind == SEND and remote(r, op.peer))
+            remote_wire = max(remote_wire, far)
+    rounds, remote_rounds = critical_path(schedule, remote)
+    return CostTerms(rounds, wire, reduced, remote_rounds, remote_wire)

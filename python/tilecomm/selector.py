@@ -3,13 +3,15 @@
 The predicted time of algorithm A on an n-byte buffer of dtype d is (``predict``,
 the one formula; see docs/selector.md)::
 
-    corr_lat(A) * rounds * alpha_link
-      + corr_bw(A) * (wire * n * beta_link + reduced * n * gamma_d)
+    corr_lat(A) * (local_rounds * alpha_shm + remote_rounds * alpha_tcp)
+      + corr_bw(A) * (local_wire * n * beta_shm + remote_wire * n * beta_tcp + reduced * n * gamma_d)
 
 ``rounds``, ``wire`` and ``reduced`` are A's own cost terms (read off its
-schedule, see ``schedule.cost_terms``, or declared next to a direct algorithm);
-alpha and beta belong to a link class (``shm``: shared memory on one host),
-gamma to a dtype, and the two corrections to A at one world size. A profile
+schedule, see ``schedule.cost_terms``, or declared next to a direct algorithm),
+split by the link class their messages cross (remote: TCP, between hosts or
+when forced; local = total - remote); alpha and beta belong to a link class
+(``shm``: shared memory on one host; ``tcp``), gamma to a dtype, and the two
+corrections to A at one world size. A profile
 holds those constants: the shipped default below, or one fitted on the machine
 by ``python -m tilecomm.tune`` and named by ``TILECOMM_PROFILE``.
 
@@ -21,6 +23,7 @@ computed with float32's gamma whatever the dtype of a call.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -32,7 +35,8 @@ from tilecomm.schedule import CostTerms, cost_terms
 log = logging.getLogger("tilecomm")
 
 SCHEMA_VERSION = 1
-LINK = "shm"  # the only link class this version connects ranks over
+LINK = "shm"  # the link class of ranks on one host; every profile has it
+REMOTE_LINK = "tcp"  # between hosts; a profile without it uses the default's
 TABLE_DTYPE = "float32"  # decision tables are by byte size; they use this dtype's gamma
 
 # Shipped conservative constants for shared memory on one host.
@@ -43,6 +47,10 @@ DEFAULT_PROFILE = {
         "shm": {
             "alpha_s": 4e-6,  # per round: a flag round trip, often a context switch when ranks share cores
             "beta_s_per_byte": 1 / 2.0e9,  # copy in and out of a slot
+        },
+        "tcp": {
+            "alpha_s": 50e-6,  # a small frame's round trip through the socket layer and the I/O thread
+            "beta_s_per_byte": 1 / 1.0e9,  # loopback or a 10 Gb/s link
         },
     },
     # Element-wise reduction; "default" serves every dtype not listed.
@@ -66,16 +74,30 @@ class Prediction:
         return self.latency_s + self.bandwidth_s + self.reduction_s
 
 
-def terms(algo: algorithms.Algorithm, p: int, layout=None) -> CostTerms:
-    """An algorithm's cost terms at p ranks (layout: host index per rank, for topology-aware ones)."""
-    if algo.direct:
-        return algo.module.cost_terms(p)
-    return cost_terms(algo.schedule(p, layout))
+def terms(algo: algorithms.Algorithm, p: int, layout=None, domains=None) -> CostTerms:
+    """An algorithm's cost terms at p ranks.
+
+    layout: host index per rank, for topology-aware algorithms; domains:
+    shared-memory domain per rank (ranks in different domains talk over TCP),
+    None when all share memory.
+    """
+    remote = None if domains is None or len(set(domains)) == 1 else (lambda i, j: domains[i] != domains[j])
+    if not algo.direct:
+        return cost_terms(algo.schedule(p, layout), remote)
+    t = algo.module.cost_terms(p)
+    if remote is None:
+        return t
+    # A direct algorithm talks to every peer alike: the busiest rank's share of remote peers.
+    far = max(sum(remote(r, q) for q in range(p) if q != r) for r in range(p)) / (p - 1)
+    return dataclasses.replace(t, remote_rounds=t.rounds if far else 0, remote_wire=t.wire * far)
 
 
 def link_constants(profile, link: str = LINK) -> tuple[float, float]:
-    """(alpha in s per message, beta in s per byte) of a link class."""
+    """(alpha in s per message, beta in s per byte) of a link class; a profile without
+    a ``tcp`` class (fitted where there was no TCP) uses the default profile's."""
     links = profile["links"]
+    if link not in links and link == REMOTE_LINK:
+        links = DEFAULT_PROFILE["links"]
     if link not in links:
         raise ValueError(f"profile {profile.get('name', '?')!r} has no link class {link!r} (it has {sorted(links)})")
     return links[link]["alpha_s"], links[link]["beta_s_per_byte"]
@@ -107,25 +129,28 @@ def predict(
     algo: str | None = None,
     world: int | None = None,
     dtype: str = TABLE_DTYPE,
-    link: str = LINK,
 ) -> Prediction:
     """Predicted time of one call with cost terms `t` on an `nbytes` buffer.
 
     `algo` (an algorithm id such as "allreduce_ring") and `world` select the
     profile's corrections; without them the pure model is returned.
     """
-    alpha, beta = link_constants(profile, link)
+    alpha, beta = link_constants(profile, LINK)
     c_lat, c_bw = correction(profile, world, algo)
-    return Prediction(
-        c_lat * t.rounds * alpha,
-        c_bw * t.wire * nbytes * beta,
-        c_bw * t.reduced * nbytes * gamma(profile, dtype),
-    )
+    latency = (t.rounds - t.remote_rounds) * alpha
+    wire = (t.wire - t.remote_wire) * nbytes * beta
+    if t.remote_rounds or t.remote_wire:
+        alpha_r, beta_r = link_constants(profile, REMOTE_LINK)
+        latency += t.remote_rounds * alpha_r
+        wire += t.remote_wire * nbytes * beta_r
+    return Prediction(c_lat * latency, c_bw * wire, c_bw * t.reduced * nbytes * gamma(profile, dtype))
 
 
-def predict_algo(algo: algorithms.Algorithm, p: int, nbytes: int, profile=DEFAULT_PROFILE, dtype=TABLE_DTYPE):
-    """``predict`` for a registered algorithm at world size p, with its corrections."""
-    return predict(terms(algo, p), nbytes, profile, algo=algo.name, world=p, dtype=dtype)
+def predict_algo(algo: algorithms.Algorithm, p: int, nbytes: int, profile=DEFAULT_PROFILE, dtype=TABLE_DTYPE,
+                 layout=None):
+    """``predict`` for a registered algorithm at world size p (on hosts `layout`, one
+    shared-memory domain each), with its corrections."""
+    return predict(terms(algo, p, layout, layout), nbytes, profile, algo=algo.name, world=p, dtype=dtype)
 
 
 def parse_forced(spec: str) -> dict[str, str]:
@@ -155,12 +180,13 @@ def parse_forced(spec: str) -> dict[str, str]:
     return forced
 
 
-def build_table(collective: str, p: int, forced: dict[str, str], profile=DEFAULT_PROFILE, layout=None):
+def build_table(collective: str, p: int, forced: dict[str, str], profile=DEFAULT_PROFILE, layout=None,
+                domains=None):
     """[(max_bytes, algorithm id), ...] for one collective, smallest sizes first."""
     cands = algorithms.for_collective(collective)
     if collective in forced:
         return [(MAX_BYTES, algorithms.by_name(forced[collective]).id)]
-    cost = {a.id: terms(a, p, layout) for a in cands}
+    cost = {a.id: terms(a, p, layout, domains) for a in cands}
 
     def total(a, n):
         return predict(cost[a.id], n, profile, algo=a.name, world=p).total_s
@@ -176,8 +202,8 @@ def build_table(collective: str, p: int, forced: dict[str, str], profile=DEFAULT
     return table
 
 
-def build_tables(p: int, forced: dict[str, str], profile=DEFAULT_PROFILE, layout=None):
-    return {c: build_table(c, p, forced, profile, layout) for c in algorithms.COLLECTIVES}
+def build_tables(p: int, forced: dict[str, str], profile=DEFAULT_PROFILE, layout=None, domains=None):
+    return {c: build_table(c, p, forced, profile, layout, domains) for c in algorithms.COLLECTIVES}
 
 
 def lookup(table, nbytes: int) -> algorithms.Algorithm:
@@ -282,11 +308,14 @@ def _constant(value, where):
 def describe_profile(profile, path: str | None = None) -> str:
     """One line naming a profile and its main constants (for logs and ``explain``)."""
     alpha, beta = link_constants(profile)
+    alpha_r, beta_r = link_constants(profile, REMOTE_LINK)
+    tcp_from = "" if REMOTE_LINK in profile["links"] else " (default's)"
     worlds = sorted(profile.get("corrections", {}), key=int)
     source = f" (from {path})" if path else ""
     return (
         f"{profile.get('name', 'unnamed')}{source}: shm alpha {alpha * 1e6:.3g} us, "
-        f"beta {_gbs(beta)}, float32 gamma {_gbs(gamma(profile))}, "
+        f"beta {_gbs(beta)}; tcp{tcp_from} alpha {alpha_r * 1e6:.3g} us, beta {_gbs(beta_r)}; "
+        f"float32 gamma {_gbs(gamma(profile))}, "
         f"corrections for world sizes {', '.join(worlds) if worlds else 'none'}"
     )
 

@@ -17,6 +17,7 @@ class Setting:
     kind: type
     default: object
     doc: str
+    choices: tuple = ()  # the accepted values, where they are few
 
 
 SETTINGS = [
@@ -50,8 +51,30 @@ SETTINGS = [
         "",
         "Host name this process reports for topology discovery (read by each process itself, not taken from "
         "rank 0); unset: the machine's hostname and boot id. Different values on one machine simulate several "
-        "hosts: the topology and the hierarchical algorithms see them, while the ranks still talk through "
-        "shared memory.",
+        "hosts: ranks with different names talk over TCP, as they would across machines.",
+    ),
+    Setting(
+        "TILECOMM_TRANSPORT",
+        str,
+        "auto",
+        "How ranks reach each other. `auto`: shared memory within a host, TCP between hosts; `tcp`: TCP between "
+        "every pair (for testing, or to measure the network path on one host); `shm`: shared memory only (a "
+        "group spanning machines is then an error; ranks on one machine with different `TILECOMM_HOSTNAME`s "
+        "still use shared memory).",
+        ("auto", "shm", "tcp"),
+    ),
+    Setting(
+        "TILECOMM_SOCKET_IFNAME",
+        str,
+        "",
+        "Network interface whose address TCP listens on (read by each process itself). Unset: the local "
+        "address that reaches the c10d Store's host (or the address of this host's name).",
+    ),
+    Setting(
+        "TILECOMM_TCP_SLOTS",
+        int,
+        16,
+        "Slots (of `TILECOMM_SHM_SLOT_BYTES`) per TCP connection and direction: frames in flight to one peer.",
     ),
     Setting("TILECOMM_SHM_SLOTS", int, 4, "Slots per shared-memory channel (one channel per peer and lane)."),
     Setting(
@@ -78,16 +101,19 @@ SETTINGS = [
         str,
         "auto",
         "How all_reduce runs on CUDA tensors (CUDA builds). `auto`: the direct `one_shot` kernel below "
-        "`TILECOMM_CUDA_TWO_SHOT_BYTES`, the direct `two_shot` kernel up to `TILECOMM_CUDA_IPC_BYTES`, staged "
-        "through pinned host memory and the CPU engine above; `one_shot` or `two_shot`: that kernel up to "
-        "`TILECOMM_CUDA_IPC_BYTES`; `staged`: always staged. Every other CUDA operation is staged.",
+        "`TILECOMM_CUDA_TWO_SHOT_BYTES`, the direct `two_shot` kernel from there (in pieces of "
+        "`TILECOMM_CUDA_IPC_BYTES` when larger); `one_shot` or `two_shot`: that kernel (in pieces); `staged`: "
+        "through pinned host memory and the CPU engine. Below `TILECOMM_LL_BYTES` the LL kernel runs instead "
+        "(see `TILECOMM_PROTO`). Groups whose ranks are not all in one shared-memory domain (TCP links) stage "
+        "every CUDA operation. Every other CUDA operation is staged, except LL all_gather.",
+        ("auto", "one_shot", "two_shot", "staged"),
     ),
     Setting(
         "TILECOMM_CUDA_IPC_BYTES",
         int,
         4194304,
-        "Bytes of each cuda_ipc staging buffer (two per rank, in GPU memory): the largest all_reduce the direct "
-        "kernels run. 0: no cuda_ipc transport (every CUDA operation is staged).",
+        "Bytes of each cuda_ipc staging buffer (two per rank, in GPU memory): larger all_reduces run through "
+        "the direct kernels in pieces of this size. 0: no cuda_ipc transport (every CUDA operation is staged).",
     ),
     Setting(
         "TILECOMM_CUDA_TWO_SHOT_BYTES",
@@ -96,9 +122,25 @@ SETTINGS = [
         "With `TILECOMM_CUDA_ALLREDUCE=auto`: all_reduce messages of at least this many bytes use `two_shot` "
         "instead of `one_shot`.",
     ),
+    Setting(
+        "TILECOMM_PROTO",
+        str,
+        "auto",
+        "Protocol of the direct CUDA kernels (CUDA builds). `ll`: all_reduce and all_gather of up to 1 MiB (per "
+        "rank for all_gather) run the low-latency kernels (`allreduce_one_shot_ll`, `allgather_direct_ll`: each "
+        "8 data bytes travel with their own flags, no separate flag round); `simple`: never (all_reduce runs as "
+        "`TILECOMM_CUDA_ALLREDUCE` says, all_gather is staged); `auto`: LL up to `TILECOMM_LL_BYTES`. LL "
+        "never replaces an all_reduce that `TILECOMM_CUDA_ALLREDUCE=staged` stages.",
+        ("auto", "ll", "simple"),
+    ),
+    Setting(
+        "TILECOMM_LL_BYTES",
+        int,
+        524288,
+        "With `TILECOMM_PROTO=auto`: the largest all_reduce (bytes) or all_gather (bytes per rank) that runs "
+        "the LL kernels, the measured LL/simple crossover. At most 1 MiB (the LL buffer) takes effect.",
+    ),
 ]
-
-CUDA_ALLREDUCE_CHOICES = ("auto", "one_shot", "two_shot", "staged")
 
 _BY_NAME = {s.name: s for s in SETTINGS}
 
@@ -115,9 +157,12 @@ def value(name: str, environ=None):
     if raw is None or raw == "":
         return s.default
     try:
-        return s.kind(raw)
+        v = s.kind(raw)
     except ValueError:
         raise ValueError(f"{name}={raw!r}: expected {s.kind.__name__}") from None
+    if s.choices and v not in s.choices:
+        raise ValueError(f"{name}={raw!r}: expected one of " + ", ".join(s.choices))
+    return v
 
 
 def markdown() -> str:

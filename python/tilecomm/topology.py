@@ -1,10 +1,13 @@
-"""Which ranks of a group share a host, found once per group through the c10d Store.
+"""Which ranks of a group share a host, and how they reach each other.
 
-Each rank publishes its host label: ``TILECOMM_HOSTNAME`` when set (several
-values on one machine simulate several hosts), else the machine's hostname and
-boot id. Hosts are numbered in order of their lowest rank; the layout (host
-index per rank) is what topology-aware schedules take. ``tilecomm.topology(group)``
-returns what a group found.
+Found once per group through the c10d Store. Each rank publishes its host
+label: ``TILECOMM_HOSTNAME`` when set (several values on one machine simulate
+several hosts), else the machine's hostname and boot id. Hosts are numbered in
+order of their lowest rank; the layout (host index per rank) is what
+topology-aware schedules take. Ranks of one shared-memory domain (same label and
+machine, unless ``TILECOMM_TRANSPORT=tcp``) talk through shared memory, all
+others over TCP. ``tilecomm.topology(group)`` returns what a group found and
+``tilecomm.stats(group)`` the traffic per link class.
 """
 
 from __future__ import annotations
@@ -23,10 +26,47 @@ def machine_id() -> str:
     return f"{socket.gethostname()}/{boot}"
 
 
+SHM, TCP = "shm", "tcp"
+LINK_IDS = {"self": 0, SHM: 1, TCP: 2}  # transport::Link
+
+
+def links(hosts, mode: str) -> list[int]:
+    """Shared-memory domain of every rank, from (label, machine id) per rank and TILECOMM_TRANSPORT."""
+    if mode == "tcp":
+        return list(range(len(hosts)))
+    if mode == "shm":
+        machines = sorted({m for _, m in hosts})
+        if len(machines) > 1:
+            raise ValueError(
+                f"TILECOMM_TRANSPORT=shm, but this group spans {len(machines)} machines; use auto or tcp"
+            )
+        return [0] * len(hosts)
+    order: dict[tuple[str, str], int] = {}
+    return [order.setdefault(tuple(h), len(order)) for h in hosts]
+
+
 @dataclass(frozen=True)
 class Topology:
     labels: tuple[str, ...]  # host label of every rank
-    transport: str  # how ranks reach each other
+    domains: tuple[int, ...]  # shared-memory domain of every rank: equal values talk through shared memory
+
+    def __post_init__(self):
+        object.__setattr__(self, "domains", tuple(self.domains))
+
+    def links_from(self, rank: int) -> list[str]:
+        """How `rank` reaches every rank: "self", "shm" or "tcp"."""
+        mine = self.domains[rank]
+        return ["self" if r == rank else SHM if d == mine else TCP for r, d in enumerate(self.domains)]
+
+    @property
+    def transport(self) -> str:
+        """How ranks reach each other, in words."""
+        n = len(set(self.domains))
+        if n == 1:
+            return "shared memory"
+        if n == len(self.domains):
+            return "TCP"
+        return "shared memory within a domain, TCP between"
 
     @property
     def layout(self) -> tuple[int, ...]:
@@ -60,14 +100,27 @@ def record(group_name: str, topo: Topology) -> None:
     _GROUPS[group_name] = topo
 
 
-def topology(group=None) -> Topology:
-    """The topology a tilecomm group found (default: the world group)."""
+def _group(group, what):
     import torch.distributed as dist  # noqa: PLC0415
 
     pg = group if group is not None else dist.group.WORLD
     if pg is None:
-        raise RuntimeError("tilecomm.topology: no default process group; call init_process_group first")
-    name = pg.group_name
-    if name not in _GROUPS:
-        raise ValueError(f"tilecomm.topology: group {name!r} has no tilecomm backend")
-    return _GROUPS[name]
+        raise RuntimeError(f"tilecomm.{what}: no default process group; call init_process_group first")
+    if pg.group_name not in _GROUPS:
+        raise ValueError(f"tilecomm.{what}: group {pg.group_name!r} has no tilecomm backend")
+    return pg
+
+
+def topology(group=None) -> Topology:
+    """The topology a tilecomm group found (default: the world group)."""
+    return _GROUPS[_group(group, "topology").group_name]
+
+
+def stats(group=None) -> dict:
+    """This rank's traffic in a tilecomm group (default: the world group) per link class:
+    ``{"shm": {"bytes_sent", "messages_sent", "bytes_received", "messages_received"}, "tcp": {...}}``.
+    Payload bytes only; counters only grow. A mailbox post counts once when sent and once per
+    peer that reads it."""
+    import torch  # noqa: PLC0415
+
+    return _group(group, "stats")._get_backend(torch.device("cpu")).stats()

@@ -7,8 +7,9 @@
 Spawns its own ranks for each world size (under torchrun: runs at torchrun's
 world size). Tuning measures, then fits with ``tilecomm.fit``:
 
-1. the shared-memory link: ranks 0 and 1 bounce a message back and forth
-   (tilecomm send/recv); half the median round trip is one message's time;
+1. the links: ranks 0 and 1 bounce a message back and forth (tilecomm
+   send/recv), over shared memory and over TCP (a group with
+   TILECOMM_TRANSPORT=tcp); half the median round trip is one message's time;
 2. local reductions: ``tilecomm._C.reduce_into`` (sum) per dtype, on rank 0;
 3. every algorithm of each collective, forced in turn (float32, sum): the
    median over iterations of one call's time, the slowest rank's; the least
@@ -62,25 +63,37 @@ def _timed(iters, warmup, fn, *args):
     return statistics.median(times)
 
 
-def _bounce(rank, buf):
+def _bounce(rank, buf, group):
     """One round trip of buf between ranks 0 and 1."""
     if rank == 0:
-        dist.send(buf, 1)
-        dist.recv(buf, 1)
+        dist.send(buf, 1, group=group)
+        dist.recv(buf, 1, group=group)
     else:
-        dist.recv(buf, 0)
-        dist.send(buf, 0)
+        dist.recv(buf, 0, group=group)
+        dist.send(buf, 0, group=group)
 
 
-def _ping_pong(rank, args, timing):
+def _ping_pong(rank, args, timing, group=None):
     """[[bytes, one-way seconds], ...] between ranks 0 and 1 (rank 0's list; other ranks wait)."""
     points = []
     for n in _grid(args):
         buf = torch.zeros(n, dtype=torch.uint8)
         dist.barrier(group=timing)
         if rank <= 1:
-            points.append([n, _timed(args.iters, args.warmup, _bounce, rank, buf) / 2])
+            points.append([n, _timed(args.iters, args.warmup, _bounce, rank, buf, group) / 2])
     dist.barrier(group=timing)
+    return points
+
+
+def _links(rank, args, timing):
+    """Ping-pong points per link class: the default group's (shared memory) and a TCP group's."""
+    os.environ["TILECOMM_TRANSPORT"] = "tcp"
+    try:
+        tcp = dist.new_group(backend="tilecomm")
+    finally:
+        os.environ.pop("TILECOMM_TRANSPORT", None)
+    points = {selector.LINK: _ping_pong(rank, args, timing), selector.REMOTE_LINK: _ping_pong(rank, args, timing, tcp)}
+    dist.destroy_process_group(tcp)
     return points
 
 
@@ -146,7 +159,7 @@ def _tune_worker(rank, world, out_path, args, base_world):
     timing = _start(rank, world)
     result = {"world": world}
     if world == base_world:
-        result["links"] = {selector.LINK: _ping_pong(rank, args, timing)}
+        result["links"] = _links(rank, args, timing)
         result["reduce"] = _reductions(rank, args, timing)
     result["collectives"] = _time_algorithms(rank, world, args, timing)
     _finish(rank, out_path, result)

@@ -1911,3 +1911,295 @@ def spawn_soak(rank, world, port, n_ops=10000, max_bytes=4 << 20, seed=0, timeou
     end = _resources()
     dist.destroy_process_group()
     return {"start": start, "end": end, "checks": checks, "pid": os.getpid()}
+
+
+def _pids(world):
+    """Every rank's pid, exchanged through the default group's Store."""
+    store = dist.distributed_c10d._get_default_store()
+    store.set(f"test_pid_{dist.get_rank()}", str(os.getpid()))
+    return [int(store.get(f"test_pid_{r}")) for r in range(world)]
+
+
+def spawn_stopped_rank(rank, world, port, victim=1, n=4, timeout_s=2, stop_s=0.2):
+    """``victim`` is stopped (SIGSTOP) inside an all_reduce; the others must time out naming it.
+
+    The victim enters first and stops ``stop_s`` later, mid-transfer when ``n`` is
+    large (its sends fill the slots no peer has read yet); the others enter after
+    that, rank r 0.2 r s after rank 0 (so rank 0 times out first, whatever it
+    waits for). Rank 0 then resumes the victim (SIGCONT): its all_reduce must
+    fail as well, since its peers failed the group while it was stopped.
+    """
+    import signal
+    import threading
+
+    _init(rank, world, port, timeout_s)
+    pids = _pids(world)
+    dist.all_reduce(torch.ones(n))
+    dist.barrier()
+    if rank == victim:
+        threading.Timer(stop_s, os.kill, (os.getpid(), signal.SIGSTOP)).start()
+    else:
+        time.sleep(2 * stop_s + 0.2 * rank)
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(n))
+        err = None
+    except Exception as e:
+        err = _err(e)
+    elapsed = time.monotonic() - t0
+    if rank == 0:
+        os.kill(pids[victim], signal.SIGCONT)
+    return {"error": err, "elapsed": elapsed, "pid": os.getpid()}
+
+
+def spawn_recover_after_kill(rank, world, port, port2, victim=1, n=4, timeout_s=10):
+    """``victim`` is killed (SIGKILL) inside an all_reduce; the survivors get their error,
+    destroy the group and form a new one of world - 1 ranks (new Store, new port),
+    whose collectives must be right."""
+    import signal
+
+    import harness
+
+    _init(rank, world, port, timeout_s)
+    dist.all_reduce(torch.ones(n))
+    dist.barrier()
+    if rank == victim:
+        dist.all_reduce(torch.ones(n), async_op=True)
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGKILL)
+    if rank == world - 1:
+        time.sleep(0.6)  # the victim dies with the collective under way
+    try:
+        dist.all_reduce(torch.ones(n))
+        err = None
+    except Exception as e:
+        err = _err(e)
+    t0 = time.monotonic()
+    dist.destroy_process_group()
+    destroy_s = time.monotonic() - t0
+    segments = harness.shm_segments([os.getpid()])
+    new_rank, new_world = rank - (rank > victim), world - 1
+    _init(new_rank, new_world, port2, timeout_s)
+    t = pattern("sum", torch.float32, n, new_rank)
+    dist.all_reduce(t)
+    sum_ok = torch.equal(t, closed_form("sum", torch.float32, n, range(new_world)))
+    outs = [torch.zeros(3, dtype=torch.int64) for _ in range(new_world)]
+    dist.all_gather(outs, torch.full((3,), new_rank, dtype=torch.int64))
+    dist.destroy_process_group()
+    return {"error": err, "destroy_s": destroy_s, "segments": segments, "sum_ok": sum_ok,
+            "gathered": [o.tolist() for o in outs], "pid": os.getpid()}
+
+
+def _call(coll, g, n=5, dtype="float32", op="sum", root=0):
+    """One ``coll`` over ``g`` (every rank in it) with blocks of ``n`` elements of ``dtype``."""
+    world, rank = dist.get_world_size(g), dist.get_rank(g)
+    dtype, op = DTYPES[dtype], reduce_op(op)
+    x = torch.ones(n, dtype=dtype)
+    if coll == "all_reduce":
+        dist.all_reduce(x, op=op, group=g)
+    elif coll == "broadcast":
+        dist.broadcast(x, src=root, group=g)
+    elif coll == "reduce":
+        dist.reduce(x, dst=root, op=op, group=g)
+    elif coll == "all_gather":
+        dist.all_gather_into_tensor(torch.empty(n * world, dtype=dtype), x, group=g)
+    elif coll == "reduce_scatter":
+        dist.reduce_scatter_tensor(x, torch.ones(n * world, dtype=dtype), op=op, group=g)
+    elif coll == "gather":
+        dist.gather(x, [torch.empty_like(x) for _ in range(world)] if rank == root else None, dst=root, group=g)
+    elif coll == "scatter":
+        dist.scatter(x, [torch.ones_like(x) for _ in range(world)] if rank == root else None, src=root, group=g)
+    elif coll == "all_to_all":
+        dist.all_to_all_single(torch.empty(n * world, dtype=dtype), torch.ones(n * world, dtype=dtype), group=g)
+    elif coll == "barrier":
+        dist.barrier(group=g)
+    else:
+        raise ValueError(coll)
+
+
+def spawn_desync_matrix(rank, world, port, items, timeout_s=10):
+    """Mismatched calls, each on a fresh tilecomm group with its algorithms forced.
+
+    ``items`` are (TILECOMM_ALGO value, call kwargs of rank 0, call kwargs of the
+    other ranks) (see _call). The default group is Gloo, so that a failed
+    tilecomm group costs nothing but itself. Per item: the first error (or
+    None), how long it took, and the error of the next collective on the group.
+    """
+    _init(rank, world, port, timeout_s, backend_name="gloo")
+    out = []
+    for spec, mine, theirs in items:
+        os.environ["TILECOMM_ALGO"] = spec  # rank 0's value is read at group creation
+        g = dist.new_group(backend="tilecomm", timeout=timedelta(seconds=timeout_s))
+        _call("all_reduce", g)  # everyone connected and in step
+        t0 = time.monotonic()
+        try:
+            _call(g=g, **(mine if rank == 0 else theirs))
+            first = None
+        except Exception as e:
+            first = _err(e)
+        elapsed = time.monotonic() - t0
+        try:
+            _call("all_reduce", g)
+            later = None
+        except Exception as e:
+            later = _err(e)
+        dist.destroy_process_group(g)
+        out.append({"first": first, "elapsed": elapsed, "later": later})
+    os.environ.pop("TILECOMM_ALGO", None)
+    dist.destroy_process_group()
+    return out
+
+
+# ---------------------------------------------------------------- one drawn call (test_properties.py)
+
+
+def _run_both(fn_tilecomm, fn_gloo):
+    """Runs a call on tilecomm, then on Gloo (unless None); returns each one's error text or None.
+
+    A tilecomm error that fails the group (DistBackendError) is raised: the
+    pool must not serve more calls from a failed group.
+    """
+    errors = []
+    for fn in (fn_tilecomm, fn_gloo):
+        if fn is None:
+            errors.append("not run")
+            continue
+        try:
+            fn()
+            errors.append(None)
+        except dist.DistBackendError:
+            if fn is fn_tilecomm:
+                raise
+            errors.append("DistBackendError")
+        except Exception as e:
+            errors.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    return errors
+
+
+def _same(actual, expected, what, problems):
+    if expected.dtype != actual.dtype:
+        expected = expected.to(actual.dtype)
+    if actual.shape != expected.shape or not torch.equal(actual, expected):
+        problems.append(f"{what}: got {actual.reshape(-1)[:8].tolist()}, expected {expected.reshape(-1)[:8].tolist()} "
+                        f"(shapes {tuple(actual.shape)}, {tuple(expected.shape)})")
+
+
+def property_call(rank, world, gloo, coll, shape, dtype, op, root, splits, salt):
+    """One call of the Python API, on tilecomm and on Gloo, with the same inputs.
+
+    Returns what each raised (or None) and the problems found: a tilecomm result
+    that differs from the closed form or, where Gloo ran and is exact, from
+    Gloo's, bit for bit; an error tilecomm should have raised and did not, or
+    one it raised on a valid call (an invalid reduction must be a TypeError,
+    or a ValueError from torch itself).
+    """
+    dt = DTYPES[dtype]
+    shape = tuple(shape)
+    n = numel(shape)
+    first = shape[0] if shape else 1
+    flat = (world * first,) + shape[1:]  # all_gather output, reduce_scatter input
+    expected_error = None
+    if coll in ("all_reduce", "reduce", "reduce_scatter_tensor"):
+        expected_error = backend_invalid(op, dt)
+        if coll == "all_reduce" and torch_api_blocks_complex(op, dt):
+            expected_error = ValueError
+    tc, gl = None, None  # tilecomm's and Gloo's result on this rank, where it has one
+
+    def reduced(m):  # the closed form, where the reduction is defined
+        return closed_form(op, dt, m, range(world), salt=salt) if expected_error is None else torch.empty(m, dtype=dt)
+
+    if coll == "all_reduce":
+        x = pattern(kind_of(op), dt, n, rank, salt).reshape(shape)
+        tc, gl = x.clone(), x.clone()
+        errs = _run_both(lambda: dist.all_reduce(tc, op=reduce_op(op)),
+                         lambda: dist.all_reduce(gl, op=reduce_op(op), group=gloo))
+        expected = reduced(n).reshape(shape)
+    elif coll == "reduce":
+        x = pattern(kind_of(op), dt, n, rank, salt).reshape(shape)
+        tc, gl = x.clone(), x.clone()
+        errs = _run_both(lambda: dist.reduce(tc, dst=root, op=reduce_op(op)),
+                         lambda: dist.reduce(gl, dst=root, op=reduce_op(op), group=gloo))
+        expected = reduced(n).reshape(shape) if rank == root else x
+    elif coll == "reduce_scatter_tensor":
+        x = pattern(kind_of(op), dt, world * n, rank, salt).reshape(flat)
+        tc, gl = _garbage(dt, shape), _garbage(dt, shape)
+        errs = _run_both(lambda: dist.reduce_scatter_tensor(tc, x.clone(), op=reduce_op(op)),
+                         # Gloo (torch 2.13) crashes (SIGSEGV) on a 0-dim output
+                         (lambda: dist.reduce_scatter_tensor(gl, x.clone(), op=reduce_op(op), group=gloo))
+                         if shape else None)
+        expected = reduced(world * n)[rank * n:(rank + 1) * n].reshape(shape)
+    elif coll == "broadcast":
+        src = _movable(dt, n, root, salt).reshape(shape)
+        tc = src.clone() if rank == root else _garbage(dt, shape)
+        gl = src.clone() if rank == root else _garbage(dt, shape)
+        errs = _run_both(lambda: dist.broadcast(tc, src=root), lambda: dist.broadcast(gl, src=root, group=gloo))
+        expected = src
+    elif coll == "all_gather_into_tensor":
+        mine = _movable(dt, n, rank, salt).reshape(shape)
+        tc, gl = _garbage(dt, flat), _garbage(dt, flat)
+        errs = _run_both(lambda: dist.all_gather_into_tensor(tc, mine),
+                         lambda: dist.all_gather_into_tensor(gl, mine, group=gloo))
+        expected = torch.cat([_movable(dt, n, r, salt) for r in range(world)]).reshape(flat)
+    elif coll == "all_to_all_single":
+        rows = shape[1:]
+        send = [splits[rank][d] for d in range(world)]
+        recv = [splits[s][rank] for s in range(world)]
+        inp = torch.cat([_a2a_block(rank + salt, d, send[d], rows, dt) for d in range(world)])
+        expected = torch.cat([_a2a_block(s + salt, rank, recv[s], rows, dt) for s in range(world)])
+        tc, gl = _garbage(dt, tuple(expected.shape)), _garbage(dt, tuple(expected.shape))
+        errs = _run_both(lambda: dist.all_to_all_single(tc, inp, recv, send),
+                         lambda: dist.all_to_all_single(gl, inp, recv, send, group=gloo))
+    elif coll == "gather":
+        mine = _movable(dt, n, rank, salt).reshape(shape)
+        outs_tc = [_garbage(dt, shape) for _ in range(world)] if rank == root else None
+        outs_gl = [_garbage(dt, shape) for _ in range(world)] if rank == root else None
+        errs = _run_both(lambda: dist.gather(mine, outs_tc, dst=root),
+                         lambda: dist.gather(mine, outs_gl, dst=root, group=gloo))
+        if rank == root:
+            tc, gl = torch.stack(outs_tc), torch.stack(outs_gl)
+            expected = torch.stack([_movable(dt, n, r, salt).reshape(shape) for r in range(world)])
+    elif coll == "scatter":
+        ins = [_movable(dt, n, r, salt).reshape(shape) for r in range(world)] if rank == root else None
+        tc, gl = _garbage(dt, shape), _garbage(dt, shape)
+        errs = _run_both(lambda: dist.scatter(tc, ins, src=root), lambda: dist.scatter(gl, ins, src=root, group=gloo))
+        expected = _movable(dt, n, rank, salt).reshape(shape)
+    else:
+        raise ValueError(coll)
+    problems = []
+    what = f"{coll}({dtype}, shape={shape}, op={op}, root={root}, splits={splits}) on rank {rank}"
+    if errs[0] is not None:
+        if expected_error is None or not errs[0].startswith(expected_error.__name__ + ":"):
+            problems.append(f"{what}: tilecomm raised {errs[0]} (expected {expected_error})")
+    elif expected_error is not None:
+        problems.append(f"{what}: tilecomm did not raise {expected_error.__name__}")
+    elif tc is not None:
+        _same(tc, expected, what + " vs closed form", problems)
+        gloo_defined = not (coll == "reduce" and rank != root)  # Gloo uses non-root buffers as scratch
+        if errs[1] is None and gloo_is_exact(op, dt) and gloo_defined:
+            _same(tc, gl, what + " vs gloo", problems)
+    return {"tilecomm": errs[0], "gloo": errs[1], "problems": problems}
+
+
+# ---------------------------------------------------------------- links between hosts
+
+
+def link_traffic(rank, world, gloo, algos=("ring", "hierarchical"), n=1 << 18):
+    """Per forced all_reduce algorithm, the bytes this rank sent per link class (tilecomm.stats) in one
+    all_reduce of ``n`` float32 values, on a fresh subgroup over every rank (which takes the
+    algorithm from TILECOMM_ALGO); the result is checked as usual."""
+    import tilecomm
+
+    out = {}
+    for algo in algos:
+        os.environ["TILECOMM_ALGO"] = f"all_reduce:{algo}"
+        group = dist.new_group(backend="tilecomm")
+        x = pattern("sum", torch.float32, n, rank)
+        before = tilecomm.stats(group)
+        dist.all_reduce(x, group=group)
+        after = tilecomm.stats(group)
+        assert_equal(x, closed_form("sum", torch.float32, n, range(world)), f"all_reduce {algo}")
+        out[algo] = {k: after[k]["bytes_sent"] - before[k]["bytes_sent"] for k in after}
+        out[algo]["topology"] = str(tilecomm.topology(group))
+        dist.destroy_process_group(group)
+    os.environ.pop("TILECOMM_ALGO", None)
+    return out

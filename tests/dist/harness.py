@@ -78,11 +78,15 @@ def shm_segments(pids=None) -> list[str]:
     return sorted(n for n in names if n.startswith(prefixes))
 
 
-def _apply_env(env: dict) -> None:
+def _apply_env(env: dict, rank: int) -> None:
+    """Sets the TILECOMM_* environment; ``TILECOMM_TEST_HOSTS="a,a,b"`` gives rank r
+    TILECOMM_HOSTNAME=<r-th name> (simulated hosts)."""
     for k in list(os.environ):
         if k.startswith("TILECOMM_") and not k.startswith("TILECOMM_TEST_"):
             del os.environ[k]
-    os.environ.update({k: str(v) for k, v in env.items()})
+    os.environ.update({k: str(v) for k, v in env.items() if k != "TILECOMM_TEST_HOSTS"})
+    if env.get("TILECOMM_TEST_HOSTS"):
+        os.environ["TILECOMM_HOSTNAME"] = env["TILECOMM_TEST_HOSTS"].split(",")[rank]
 
 
 def _format_exc(e: BaseException) -> dict:
@@ -98,7 +102,7 @@ def _init_groups(rank, world, port, env, group_timeout_s):
 
     import torch.distributed as dist
 
-    _apply_env(env)
+    _apply_env(env, rank)
     timeout = timedelta(seconds=group_timeout_s)
     dist.init_process_group(
         "tilecomm", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}", timeout=timeout
@@ -109,7 +113,7 @@ def _init_groups(rank, world, port, env, group_timeout_s):
 def _worker_main(rank, world, port, env, conn, group_timeout_s):
     if HERE not in sys.path:
         sys.path.insert(0, HERE)
-    _apply_env(env)
+    _apply_env(env, rank)
     try:
         import torch
         import torch.distributed as dist
@@ -493,7 +497,7 @@ def algorithm_set_configs(worlds) -> list[Cfg]:
 def _spawn_main(rank, world, port, env, conn, case, kwargs):
     if HERE not in sys.path:
         sys.path.insert(0, HERE)
-    _apply_env(env)
+    _apply_env(env, rank)
     try:
         import cases
 

@@ -5,6 +5,7 @@ every wait bounded); bad inputs, which must leave the group usable, run in the
 shared pools.
 """
 
+import re
 import time
 
 import pytest
@@ -82,6 +83,74 @@ def test_desync_of_roots_is_caught_by_the_next_collective(world):
         assert out["later"] is not None, f"rank {r}: the group ran more work after the mismatch"
 
 
+# ---------------------------------------------------------------- desync under every algorithm
+
+REDUCING = {"all_reduce", "reduce", "reduce_scatter"}
+ROOTED = {"broadcast", "reduce", "gather", "scatter"}
+
+
+def _mismatches(coll):
+    """(kind, rank 0's call, the other ranks' call, strings every rank's message must contain) for ``coll``."""
+    other = "broadcast" if coll == "all_reduce" else "all_reduce"
+    out = [("collective", {"coll": coll}, {"coll": other}, [coll + "(", other + "("])]
+    if coll == "barrier":
+        return out
+    out.append(("count", {"coll": coll, "n": 5}, {"coll": coll, "n": 7}, []))
+    out.append(("dtype", {"coll": coll, "dtype": "float32"}, {"coll": coll, "dtype": "int32"}, ["float32", "int32"]))
+    if coll in REDUCING:
+        out.append(("op", {"coll": coll, "op": "sum"}, {"coll": coll, "op": "max"}, ["sum", "max"]))
+    if coll in ROOTED:
+        out.append(("root", {"coll": coll, "root": 0}, {"coll": coll, "root": 1}, ["root=0", "root=1"]))
+    return out
+
+
+def _desync_matrix():
+    """Every mismatch of every collective under each of its algorithms, forced: (test id, item, must_name)."""
+    from tilecomm import algorithms
+
+    return [
+        (f"{a.name}-{kind}", (f"{coll}:{a.name}", mine, theirs), must_name)
+        for coll in algorithms.COLLECTIVES
+        for a in algorithms.for_collective(coll)
+        for kind, mine, theirs, must_name in _mismatches(coll)
+    ]
+
+
+DESYNC_MATRIX = _desync_matrix()
+DESYNC_TIMEOUT_S = 10
+
+
+@pytest.fixture(scope="module")
+def desync_matrix_outcomes():
+    """All of DESYNC_MATRIX in one set of 3 processes, a fresh group per mismatch (a few seconds in all)."""
+    items = [item for _, item, _ in DESYNC_MATRIX]
+    return _ok(spawn_ranks(3, "spawn_desync_matrix", timeout=300, items=items, timeout_s=DESYNC_TIMEOUT_S))
+
+
+@pytest.mark.parametrize("i", range(len(DESYNC_MATRIX)), ids=[t for t, _, _ in DESYNC_MATRIX])
+def test_desync_under_every_algorithm(desync_matrix_outcomes, i):
+    """Rank 0 calls one thing, ranks 1 and 2 another, at the same sequence number.
+
+    Every rank raises DistBackendError at that call or, if it only sent, at the
+    next collective; the message compares the two calls of that one sequence
+    number and names both sides.
+    """
+    _, _, must_name = DESYNC_MATRIX[i]
+    for r, res in enumerate(desync_matrix_outcomes):
+        out = res[i]
+        err = out["first"] or out["later"]
+        assert err is not None, f"rank {r}: neither the mismatched call nor the next collective raised"
+        assert err["is_dist_backend_error"], f"rank {r}: {err}"
+        msg = err["message"]
+        assert "collective mismatch" in msg, f"rank {r}: {msg}"
+        seqs = re.findall(r"as collective #(\d+)", msg)
+        assert len(seqs) == 2 and seqs[0] == seqs[1], f"rank {r}: the message compares different collectives: {msg}"
+        for s in must_name:
+            assert s in msg, f"rank {r}: the message does not name {s!r}: {msg}"
+        assert out["later"] is not None, f"rank {r}: the failed group ran more work"
+        assert out["elapsed"] < DESYNC_TIMEOUT_S / 2, f"rank {r} took {out['elapsed']:.1f} s to notice"
+
+
 # ---------------------------------------------------------------- dead and late ranks
 
 
@@ -107,6 +176,37 @@ def test_dead_rank_is_named_quickly(world, n, during):
         assert "rank 1" in err["message"] and "exited" in err["message"], f"rank {o.rank}: {err['message']}"
         assert o.result["elapsed"] < timeout_s / 2, f"rank {o.rank} took {o.result['elapsed']:.1f} s"
         assert o.result["later"] is not None, f"rank {o.rank}: the failed group ran more work"
+    _no_segments(outs)
+
+
+@pytest.mark.parametrize(
+    "world,victim,n,env",
+    [
+        pytest.param(2, 1, 1_000_000, {}, id="p2"),
+        pytest.param(3, 1, 3_000_001, {}, id="p3"),
+        pytest.param(4, 2, 1_000_000, {"TILECOMM_ALGO": "ring"}, id="p4-ring"),
+    ],
+)
+def test_stopped_rank_times_out_naming_it(world, victim, n, env):
+    """``victim`` is stopped (SIGSTOP) mid-transfer: every other rank raises naming it within timeout + margin.
+
+    Then it is resumed and must fail too; no process hangs and no segment is left behind.
+    """
+    timeout_s = 2
+    outs = spawn_ranks(world, "spawn_stopped_rank", env=env, timeout=60, victim=victim, n=n, timeout_s=timeout_s)
+    res = _ok(outs)
+    for r, out in enumerate(res):
+        err = out["error"]
+        assert err is not None and err["is_dist_backend_error"], f"rank {r}: {err}"
+        if r == victim:
+            continue  # it failed after it was resumed, at whatever time
+        msg = err["message"]
+        named = re.search(rf"\brank {victim}\b", msg)
+        assert named, f"rank {r}: the message does not name the stopped rank {victim}: {msg}"
+        assert "timed out" in msg, f"rank {r}: {msg}"
+        # Rank r enters 0.2 r s after rank 0, whose timeout may end it (the abort) that much sooner.
+        lo = timeout_s - 0.2 * r - 0.5
+        assert lo <= out["elapsed"] <= timeout_s + 3, f"rank {r}: raised after {out['elapsed']:.1f} s"
     _no_segments(outs)
 
 
@@ -226,6 +326,27 @@ def test_reinit_after_destroy():
     res = _ok(spawn_ranks(3, "spawn_reinit", timeout=60, port2=harness.free_port()))
     for out in res:
         assert out["sum"] == [3.0] * 5 and out["gathered"] == [[0.0] * 2, [1.0] * 2, [2.0] * 2], out
+
+
+@pytest.mark.parametrize("victim", [pytest.param(1, id="rank1"), pytest.param(0, id="rank0_store_host")])
+def test_recovery_after_a_killed_rank(victim):
+    """A rank is killed (SIGKILL) mid-collective; the survivors destroy the group and form a smaller one that works."""
+    outs = spawn_ranks(3, "spawn_recover_after_kill", timeout=60, port2=harness.free_port(), victim=victim,
+                       n=3_000_001, timeout_s=10)
+    assert outs[victim].status == "died", str(outs[victim])
+    for o in outs:
+        if o.rank == victim:
+            continue
+        assert o.status == "ok", str(o)
+        res = o.result
+        err = res["error"]
+        assert err is not None and err["is_dist_backend_error"], f"rank {o.rank}: {err}"
+        assert f"rank {victim}" in err["message"] and "exited" in err["message"], f"rank {o.rank}: {err['message']}"
+        assert res["destroy_s"] < 3, f"rank {o.rank}: destroy_process_group took {res['destroy_s']:.1f} s"
+        assert res["segments"] == [], f"rank {o.rank}: segments left after destroy: {res['segments']}"
+        assert res["sum_ok"], f"rank {o.rank}: all_reduce on the new group is wrong"
+        assert res["gathered"] == [[0] * 3, [1] * 3], f"rank {o.rank}: {res['gathered']}"
+    _no_segments(outs)
 
 
 # ---------------------------------------------------------------- point-to-point timeouts

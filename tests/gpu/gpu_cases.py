@@ -207,6 +207,127 @@ def allreduce_vs_gloo(rank, world, gloo, n):
     finish()
 
 
+# ---------------------------------------------------------------- all_gather (LL)
+
+
+def allgather_matrix(rank, world, gloo, dtypes, sizes, expect_direct=None):
+    """all_gather_into_tensor (aligned, unaligned, in place) and all_gather against the closed form."""
+    d = dev()
+    for name in dtypes:
+        dt = DTYPES[name]
+        for n in sizes:
+            x = [data(r, n, dt, "sum", salt=n) for r in range(world)]
+            want = torch.cat(x)
+            what = f"all_gather {name} n={n}"
+            big = torch.empty(world * n, dtype=dt, device=d)
+            dist.all_gather_into_tensor(big, x[rank].to(d))
+            check_equal(big, want, f"{what} into tensor")
+            identical(gloo, big, what)
+            # input and output views that start 1 element into their storage (not 16-byte aligned)
+            src = torch.zeros(n + 1, dtype=dt, device=d)
+            src[1:].copy_(x[rank])
+            base = torch.zeros(world * n + 2, dtype=dt, device=d)
+            dist.all_gather_into_tensor(base[1 : 1 + world * n], src[1:])
+            check_equal(base[1 : 1 + world * n], want, f"{what} unaligned")
+            check(not base[0].item() and not base[-1].item(), f"{what} unaligned: wrote outside the output")
+            # in place: the input is this rank's block of the output
+            inplace = torch.zeros(world * n, dtype=dt, device=d)
+            inplace[rank * n : (rank + 1) * n].copy_(x[rank])
+            dist.all_gather_into_tensor(inplace, inplace[rank * n : (rank + 1) * n])
+            check_equal(inplace, want, f"{what} in place")
+            outs = [torch.full((n,), 1, dtype=dt, device=d) for _ in range(world)]
+            dist.all_gather(outs, x[rank].to(d))
+            for r in range(world):
+                check_equal(outs[r], x[r], f"{what} list [{r}]")
+    torch.cuda.synchronize()
+    st = backend().cuda_status()
+    if expect_direct is not None:
+        check(f"direct={expect_direct}" in st, f"expected direct={expect_direct}, status: {st}")
+    finish()
+    return st
+
+
+# ---------------------------------------------------------------- CUDA graphs
+
+
+def graph_replay(rank, world, gloo, replays, sizes=(1, 7, 1031, 65543)):
+    """Several direct collectives captured in one CUDA graph and replayed with fresh inputs each time
+    (the kernels take their sequence numbers from the device), eager calls in between; then a staged
+    operation under capture is a ValueError and the group stays usable."""
+    d = dev()
+    n_ag, n_list = 1031, 17
+    ar = {n: torch.zeros(n, device=d) for n in sizes}  # float32 sum
+    bf = torch.zeros(1031, dtype=torch.bfloat16, device=d)  # max
+    iv = torch.zeros(1031, dtype=torch.int32, device=d)  # bxor
+    av = torch.zeros(300, device=d)  # avg (a torch op after the kernel, captured too)
+    ag_in = torch.zeros(n_ag, dtype=torch.float16, device=d)
+    ag_out = torch.empty(world * n_ag, dtype=torch.float16, device=d)
+    ls_in = torch.zeros(n_list, dtype=torch.int64, device=d)
+    ls_out = [torch.empty(n_list, dtype=torch.int64, device=d) for _ in range(world)]
+
+    def fill(k):
+        for n, t in ar.items():
+            t.copy_(data(rank, n, torch.float32, "sum", salt=k))
+        bf.copy_(data(rank, bf.numel(), torch.bfloat16, "max", salt=k))
+        iv.copy_(data(rank, iv.numel(), torch.int32, "bxor", salt=k))
+        av.copy_(data(rank, av.numel(), torch.float32, "avg", salt=k))
+        ag_in.copy_(data(rank, n_ag, torch.float16, "sum", salt=k))
+        ls_in.copy_(data(rank, n_list, torch.int64, "sum", salt=k))
+
+    def body():
+        for t in ar.values():
+            dist.all_reduce(t)
+        dist.all_reduce(bf, op=ReduceOp.MAX)
+        dist.all_reduce(iv, op=ReduceOp.BXOR)
+        dist.all_reduce(av, op=ReduceOp.AVG)
+        dist.all_gather_into_tensor(ag_out, ag_in)
+        dist.all_gather(ls_out, ls_in)
+
+    def verify(k, what):
+        for n, t in ar.items():
+            check_equal(t, closed_form(world, n, torch.float32, "sum", salt=k), f"{what}: all_reduce sum n={n}")
+        check_equal(bf, closed_form(world, bf.numel(), torch.bfloat16, "max", salt=k), f"{what}: bf16 max")
+        check_equal(iv, closed_form(world, iv.numel(), torch.int32, "bxor", salt=k), f"{what}: int32 bxor")
+        check_equal(av, closed_form(world, av.numel(), torch.float32, "avg", salt=k), f"{what}: avg")
+        want = torch.cat([data(r, n_ag, torch.float16, "sum", salt=k) for r in range(world)])
+        check_equal(ag_out, want, f"{what}: all_gather_into_tensor")
+        for r in range(world):
+            check_equal(ls_out[r], data(r, n_list, torch.int64, "sum", salt=k), f"{what}: all_gather [{r}]")
+        identical(gloo, torch.cat([t.view(-1).float() for t in (*ar.values(), bf, iv, av, ag_out)]), what)
+
+    fill(0)
+    body()  # eager: sets up the transport
+    verify(0, "eager")
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+    eager = torch.zeros(64, device=d)
+    for k in range(1, replays + 1):
+        fill(k)
+        graph.replay()
+        verify(k, f"replay {k}")
+        if k % 3 == 0:  # an eager direct call between replays takes the next sequence number
+            eager.fill_(rank + k)
+            dist.all_reduce(eager)
+            check_equal(eager, torch.full((64,), float(world * k + world * (world - 1) // 2)), f"eager after {k}")
+    torch.cuda.synchronize()
+
+    t = torch.ones(8, device=d)
+    staged = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(staged):
+            dist.broadcast(t, src=0)
+        check(False, "a staged broadcast was captured without an error")
+    except Exception as e:  # noqa: BLE001  (the ValueError, possibly chained by the capture's end)
+        text = f"{e} {e.__context__}"
+        check("cannot be captured" in text, f"unclear capture error: {type(e).__name__}: {text}")
+    torch.cuda.synchronize()
+    dist.all_reduce(t)
+    check_equal(t, torch.full((8,), float(world)), "all_reduce after a refused capture")
+    finish()
+
+
 # ---------------------------------------------------------------- every other op
 
 
@@ -476,7 +597,7 @@ def latency(rank, world, gloo, sizes, iters=200):
 # ---------------------------------------------------------------- spawn cases
 
 
-def spawn_timeout(rank, world, port, timeout_s=3.0):
+def spawn_timeout(rank, world, port, timeout_s=3.0, gather=False):
     """A rank that never arrives: the direct kernel stops waiting after the group timeout (measured on
     the GPU), wait() raises naming the rank, and the group fails fast afterwards."""
     from datetime import timedelta
@@ -494,7 +615,10 @@ def spawn_timeout(rank, world, port, timeout_s=3.0):
         time.sleep(timeout_s * 4)  # alive, but never calls the second all_reduce
         return "absent"
     t0 = time.monotonic()
-    w = dist.all_reduce(t, async_op=True)
+    if gather:
+        w = dist.all_gather_into_tensor(torch.empty(16 * world, device=dev()), t, async_op=True)
+    else:
+        w = dist.all_reduce(t, async_op=True)
     w.wait()  # the kernel is enqueued; the CPU is not blocked on it
     enqueued = time.monotonic() - t0
     torch.cuda.synchronize()  # returns: the kernel gave up waiting
@@ -511,3 +635,24 @@ def spawn_timeout(rank, world, port, timeout_s=3.0):
     except Exception as e:  # noqa: BLE001
         second = str(e)
     return {"enqueued": enqueued, "waited": waited, "first": first, "second": second, "pid": os.getpid()}
+
+
+def spawn_free_after_destroy(rank, world, port):
+    """Tensors a group used may outlive it: freeing them after destroy_process_group
+    (the caching allocator records events on the streams they were used on) is fine."""
+    import tilecomm  # noqa: F401
+
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group("tilecomm", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}")
+    kept = [torch.ones(n, device=dev()) for n in (16, 1 << 22)]  # direct and staged paths
+    for t in kept:
+        dist.all_reduce(t)
+    parts = [torch.empty(16, device=dev()) for _ in range(world)]
+    dist.all_gather(parts, kept[0])
+    torch.cuda.synchronize()
+    ok = all(float(t[0]) == world for t in kept)
+    dist.destroy_process_group()
+    del kept, parts
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return ok

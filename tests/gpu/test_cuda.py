@@ -1,5 +1,6 @@
-"""CUDA tensors through tilecomm: every op, dtype and ReduceOp, the direct cuda_ipc kernels and the
-staged path, NCCL's stream contract, DDP against Gloo, and a rank that never arrives.
+"""CUDA tensors through tilecomm: every op, dtype and ReduceOp, the direct cuda_ipc kernels (simple and
+LL) and the staged path, NCCL's stream contract, CUDA graph capture and replay, DDP against Gloo, and a
+rank that never arrives.
 
 Skipped as a whole where there is no GPU (see gpu_harness.skip_without_gpu).
 """
@@ -16,14 +17,16 @@ import pytest  # noqa: E402
 WORLDS = [int(w) for w in os.environ.get("TILECOMM_TEST_GPU_WORLDS", "2,4").split(",") if w]
 
 # TILECOMM_* environments of the pools: how all_reduce runs on CUDA tensors.
+# The simple kernels are forced with TILECOMM_PROTO=simple (auto would run small messages as LL).
 CONFIGS = {
     "auto": {},
-    "one_shot": {"TILECOMM_CUDA_ALLREDUCE": "one_shot"},
-    "two_shot": {"TILECOMM_CUDA_ALLREDUCE": "two_shot"},
-    "staged": {"TILECOMM_CUDA_ALLREDUCE": "staged"},
-    "smallipc": {"TILECOMM_CUDA_IPC_BYTES": "4096", "TILECOMM_CUDA_TWO_SHOT_BYTES": "256"},
+    "one_shot": {"TILECOMM_CUDA_ALLREDUCE": "one_shot", "TILECOMM_PROTO": "simple"},
+    "two_shot": {"TILECOMM_CUDA_ALLREDUCE": "two_shot", "TILECOMM_PROTO": "simple"},
+    "ll": {"TILECOMM_PROTO": "ll"},
+    "staged": {"TILECOMM_CUDA_ALLREDUCE": "staged", "TILECOMM_PROTO": "simple"},
+    "smallipc": {"TILECOMM_CUDA_IPC_BYTES": "4096", "TILECOMM_CUDA_TWO_SHOT_BYTES": "256", "TILECOMM_LL_BYTES": "64"},
 }
-EXPECT_DIRECT = {"auto": "on", "one_shot": "on", "two_shot": "on", "staged": "unset", "smallipc": "on"}
+EXPECT_DIRECT = {"auto": "on", "one_shot": "on", "two_shot": "on", "ll": "on", "staged": "unset", "smallipc": "on"}
 
 ALL_DTYPES = ["float16", "bfloat16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64", "bool",
               "complex64"]
@@ -39,7 +42,7 @@ def test_allreduce_every_dtype_and_op(pools, world, config):
     assert results[0][0] > 300
 
 
-@pytest.mark.parametrize("config", ["one_shot", "two_shot"])
+@pytest.mark.parametrize("config", ["one_shot", "two_shot", "ll"])
 @pytest.mark.parametrize("world", WORLDS)
 def test_allreduce_unaligned(pools, world, config):
     pools.run(world, CONFIGS[config], "allreduce_matrix", dtypes=["float16", "int8", "float32", "float64"],
@@ -73,13 +76,42 @@ def test_every_op_large(pools, world):
 
 
 @pytest.mark.parametrize("world", WORLDS)
+def test_every_op_over_tcp(pools, world):
+    """Ranks linked by TCP (as on different hosts): CUDA tensors are staged through pinned host memory."""
+    for n in (0, 1031, 300_000):
+        pools.run(world, {"TILECOMM_TRANSPORT": "tcp"}, "every_op", dtype="float32", n=n)
+
+
+@pytest.mark.parametrize("world", WORLDS)
 def test_objects_bad_input_and_cpu_tensors(pools, world):
     pools.run(world, {}, "objects")
     pools.run(world, {}, "bad_input")
     pools.run(world, {}, "cpu_and_cuda")
 
 
-@pytest.mark.parametrize("config", ["auto", "two_shot", "staged"])
+@pytest.mark.parametrize("config", ["ll", "allgather_ll"])
+@pytest.mark.parametrize("world", WORLDS)
+def test_allgather_ll(pools, world, config):
+    # sizes per rank in bytes: 0 (staged), tails, and up to the 1 MiB LL buffer (ll); 64 B crossover (auto)
+    env = CONFIGS["ll"] if config == "ll" else {"TILECOMM_LL_BYTES": "64"}
+    pools.run(world, env, "allgather_matrix", dtypes=["float16", "float32", "int8", "bool", "complex64"],
+              sizes=[0, 1, 3, 17, 1031, 65536], expect_direct="on")
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_cuda_graph_replay(pools, world):
+    """LL all_reduce and all_gather captured in one CUDA graph, replayed with fresh inputs."""
+    pools.run(world, CONFIGS["ll"], "graph_replay", replays=40)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_cuda_graph_mixed_protocols(pools, world):
+    """Simple (two_shot) and LL kernels in one graph, with eager calls between replays (auto)."""
+    pools.run(world, {"TILECOMM_CUDA_TWO_SHOT_BYTES": "65536", "TILECOMM_LL_BYTES": "4096"}, "graph_replay",
+              replays=20, sizes=[7, 1000, 40_000])
+
+
+@pytest.mark.parametrize("config", ["auto", "two_shot", "ll", "staged"])
 @pytest.mark.parametrize("world", WORLDS)
 def test_stream_semantics(pools, world, config):
     for n in (1000, 300_000):
@@ -91,19 +123,28 @@ def test_ddp_matches_gloo(pools, world):
     pools.run(world, {}, "ddp_matches_gloo")
 
 
-def test_absent_rank_times_out_on_the_gpu():
-    out = gpu_harness.spawn_ranks(2, "spawn_timeout", {"TILECOMM_CUDA_ALLREDUCE": "one_shot"}, timeout=90.0)
+def test_tensors_freed_after_destroy():
+    out = gpu_harness.spawn_ranks(2, "spawn_free_after_destroy", {}, timeout=90.0)
+    assert out == [("ok", True), ("ok", True)], out
+
+
+@pytest.mark.parametrize("config", ["one_shot", "ll", "allgather_ll"])
+def test_absent_rank_times_out_on_the_gpu(config):
+    env = CONFIGS["ll"] if config != "one_shot" else CONFIGS["one_shot"]
+    out = gpu_harness.spawn_ranks(2, "spawn_timeout", env, timeout=90.0, gather=config == "allgather_ll")
     assert [o[0] for o in out] == ["ok", "ok"], out
     r0 = out[0][1]
     assert isinstance(r0, dict), r0
     assert r0["enqueued"] < 1.0 and 2.0 < r0["waited"] < 30.0, r0
     assert "timed out on the GPU" in r0["first"] and "waiting for rank 1" in r0["first"], r0
+    kind = {"one_shot": "direct all_reduce", "ll": "LL all_reduce", "allgather_ll": "LL all_gather"}[config]
+    assert kind in r0["first"], r0
     assert "has failed" in r0["second"] and "rank 1" in r0["second"], r0
 
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_direct_beats_staged_for_small_messages(pools, world):
-    """The cuda_ipc one_shot kernel is the latency path: it must beat the staged path at 8 B."""
+    """The direct kernels (LL at 8 B) are the latency path: they must beat the staged path at 8 B."""
     sizes = [8, 1 << 20]
     direct = pools.run(world, {}, "latency", sizes=sizes)[0]
     staged = pools.run(world, CONFIGS["staged"], "latency", sizes=sizes, iters=50)[0]

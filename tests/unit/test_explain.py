@@ -61,12 +61,19 @@ def test_size_breaks_down_every_candidate(capsys):
     assert lines[0].startswith("  *")  # the table's pick is the model's fastest at float32
 
 
-def test_hosts_is_reported_as_not_modelled(capsys):
-    out = run(capsys, "--collective", "broadcast", "--world-size", "8", "--hosts", "2")
-    assert "--hosts 2 does not change the model yet" in out
-    single = run(capsys, "--collective", "broadcast", "--world-size", "8")
-    assert "--hosts" not in single
-    assert single.split("\n", 1)[1] == out.split("\n", 2)[2]  # same tables
+def test_hosts_price_inter_host_traffic_as_tcp(capsys):
+    """On 2 hosts the model charges TCP's alpha and beta for what crosses hosts:
+    hierarchical (1/G of ring's inter-host bytes) takes over large all_reduces."""
+    out = run(capsys, "--collective", "all_reduce", "--world-size", "8", "--hosts", "2", "--size", "16MB")
+    assert "world size 8 on 2 hosts" in out
+    lines = out.splitlines()
+    marked = [line for line in lines if line.startswith("  *") and "allreduce_" in line]
+    assert len(marked) == 1 and "allreduce_hierarchical" in marked[0], out
+    layout = explain.host_layout(8, 2)
+    assert layout == (0, 0, 0, 0, 1, 1, 1, 1) and explain.host_layout(7, 3) == (0, 0, 0, 1, 1, 2, 2)
+    ring = selector.predict_algo(algorithms.by_name("allreduce_ring"), 8, 1 << 24, layout=layout)
+    flat = selector.predict_algo(algorithms.by_name("allreduce_ring"), 8, 1 << 24)
+    assert ring.total_s > flat.total_s  # TCP is dearer than shared memory in the default profile
 
 
 def test_profile_option_and_setting(capsys, tmp_path, monkeypatch):

@@ -12,6 +12,7 @@ from tilecomm.fit import FitWarning
 
 SIZES = [8 * 4**k for k in range(12)]  # 8 B .. 32 MiB
 ALPHA, BETA = 12e-6, 1.1e-10
+TCP_ALPHA, TCP_BETA = 60e-6, 9e-10
 GAMMA = {"float32": 8e-11, "float16": 1.4e-9}
 WORLDS = (2, 4)
 ALGOS = ["allreduce_ring", "allreduce_recursive_doubling", "broadcast_binomial_tree", "barrier_dissemination"]
@@ -26,7 +27,8 @@ TRUE_CORRECTIONS = {
     },
 }
 TRUE = {
-    "links": {"shm": {"alpha_s": ALPHA, "beta_s_per_byte": BETA}},
+    "links": {"shm": {"alpha_s": ALPHA, "beta_s_per_byte": BETA},
+              "tcp": {"alpha_s": TCP_ALPHA, "beta_s_per_byte": TCP_BETA}},
     "gamma_s_per_byte": {**GAMMA, "default": GAMMA["float32"]},
     "corrections": TRUE_CORRECTIONS,
 }
@@ -39,7 +41,8 @@ def noisy(t, rng, noise):
 def synthetic_points(noise=0.02, seed=0):
     """Raw points as tune records them, generated from TRUE with relative noise."""
     rng = np.random.default_rng(seed)
-    links = {"shm": [[n, noisy(ALPHA + BETA * n, rng, noise)] for n in SIZES for _ in range(2)]}
+    links = {name: [[n, noisy(c["alpha_s"] + c["beta_s_per_byte"] * n, rng, noise)] for n in SIZES for _ in range(2)]
+             for name, c in TRUE["links"].items()}
     # A reduction call has its own overhead (the intercept), which gamma must not absorb.
     reduce = {d: [[n, noisy(2e-6 + g * n, rng, noise)] for n in SIZES] for d, g in GAMMA.items()}
     collectives = {}
@@ -85,9 +88,10 @@ def test_link_fit_recovers_alpha_and_beta(quiet):
 
 def test_profile_recovers_every_constant(quiet):
     prof = fit.fit_profile(synthetic_points(), name="synthetic")
-    shm = prof["links"]["shm"]
-    assert shm["alpha_s"] == pytest.approx(ALPHA, rel=0.05)
-    assert shm["beta_s_per_byte"] == pytest.approx(BETA, rel=0.03)
+    for name, c in TRUE["links"].items():
+        got = prof["links"][name]
+        assert got["alpha_s"] == pytest.approx(c["alpha_s"], rel=0.05), name
+        assert got["beta_s_per_byte"] == pytest.approx(c["beta_s_per_byte"], rel=0.03), name
     for dtype, g in GAMMA.items():
         assert prof["gamma_s_per_byte"][dtype] == pytest.approx(g, rel=0.03)
     assert prof["gamma_s_per_byte"]["default"] == prof["gamma_s_per_byte"]["float32"]

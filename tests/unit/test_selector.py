@@ -172,8 +172,20 @@ def test_predict_uses_the_link_class_the_dtype_and_the_corrections():
     assert half.reduction_s == pytest.approx(t.reduced * 8 * 300.0)
     other = selector.predict(t, 8, PROFILE, dtype="int64")  # not listed: "default"
     assert other.reduction_s == pytest.approx(t.reduced * 8 * 200.0)
-    tcp = selector.predict(t, 8, PROFILE, link="tcp")
+    # Every message over TCP (TILECOMM_TRANSPORT=tcp): that class's alpha and beta throughout.
+    far = selector.terms(ring, 4, domains=[0, 1, 2, 3])
+    assert (far.remote_rounds, far.remote_wire) == (far.rounds, far.wire) == (t.rounds, t.wire)
+    tcp = selector.predict(far, 8, PROFILE)
     assert (tcp.latency_s, tcp.bandwidth_s) == pytest.approx((t.rounds * 50.0, t.wire * 8 * 80.0))
+    # Two hosts of two: ranks 1 -> 2 and 3 -> 0 cross, and every ring step waits for one of them.
+    mixed = selector.terms(ring, 4, domains=[0, 0, 1, 1])
+    assert (mixed.remote_rounds, mixed.remote_wire) == (t.rounds, t.wire)
+    # Hierarchical: 2 of its 4 steps cross hosts, with half a segment's bytes.
+    hier = selector.terms(algorithms.by_name("allreduce_hierarchical"), 4, (0, 0, 1, 1), (0, 0, 1, 1))
+    assert (hier.rounds, hier.remote_rounds, hier.wire, hier.remote_wire) == (4, 2, 1.5, 0.5)
+    ph = selector.predict(hier, 8, PROFILE)
+    assert ph.latency_s == pytest.approx(2 * 2.0 + 2 * 50.0)
+    assert ph.bandwidth_s == pytest.approx(1.0 * 8 * 10.0 + 0.5 * 8 * 80.0)
     corrected = selector.predict(t, 8, PROFILE, algo="allreduce_ring", world=4)
     assert corrected.latency_s == pytest.approx(0.5 * plain.latency_s)
     assert corrected.bandwidth_s == pytest.approx(3.0 * plain.bandwidth_s)
@@ -186,7 +198,13 @@ def test_predict_uses_the_link_class_the_dtype_and_the_corrections():
 
 def test_unknown_link_class_is_an_error():
     with pytest.raises(ValueError, match="no link class 'ib'"):
-        selector.predict(selector.terms(algorithms.by_name("allreduce_ring"), 4), 8, PROFILE, link="ib")
+        selector.link_constants(PROFILE, "ib")
+
+
+def test_a_profile_without_tcp_uses_the_default_tcp_constants():
+    shm_only = {k: v for k, v in PROFILE.items() if k != "links"} | {"links": {"shm": PROFILE["links"]["shm"]}}
+    assert selector.link_constants(shm_only, "tcp") == selector.link_constants(selector.DEFAULT_PROFILE, "tcp")
+    assert "tcp (default's)" in selector.describe_profile(shm_only)
 
 
 def test_gamma_without_default_falls_back_to_float32():

@@ -68,3 +68,14 @@ def test_markdown_lists_every_setting():
 def test_docs_env_md_is_current():
     path = ROOT / "docs" / "env.md"
     assert path.read_text() == settings.markdown(), "regenerate: python -m tilecomm.settings > docs/env.md"
+
+
+@pytest.mark.parametrize("raw", ["LL", "fast", "simple,ll"])
+def test_unknown_protocol_raises_value_error_listing_the_choices(raw):
+    with pytest.raises(ValueError, match=r"TILECOMM_PROTO=.*expected one of auto, ll, simple"):
+        settings.resolve({"TILECOMM_PROTO": raw})
+
+
+def test_protocol_and_ll_crossover_read():
+    got = settings.resolve({"TILECOMM_PROTO": "ll", "TILECOMM_LL_BYTES": "4096"})
+    assert got["TILECOMM_PROTO"] == "ll" and got["TILECOMM_LL_BYTES"] == 4096

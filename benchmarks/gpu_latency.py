@@ -1,0 +1,182 @@
+"""CUDA all_reduce and all_gather latency, LL against simple, eager against CUDA-graph replay.
+
+    python benchmarks/gpu_latency.py --worlds 2,4 -b 8 -e 1M -f 2 --jsonl out.jsonl
+
+Needs a CUDA build of tilecomm and, with several ranks on one GPU, the MPS
+daemon (see scripts/gpu-latency). For every size it times, on one GPU shared
+by the ranks:
+
+- tilecomm float32 sum all_reduce with TILECOMM_PROTO = ll and simple (one
+  group each; simple runs one_shot below TILECOMM_CUDA_TWO_SHOT_BYTES, then
+  two_shot), and all_gather_into_tensor (bytes are per rank; simple is the
+  staged path, which cannot be captured);
+- SymmetricMemory `one_shot_all_reduce` (TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES=1).
+
+Each path twice: "eager", a loop of back-to-back calls between two CUDA events
+(the host's cost per call included, as an application sees it), and "graph",
+the same loop captured once in a CUDA graph and replayed (the GPU's cost). The
+figure is the time per call of the slowest rank, in microseconds, the median of
+a few repetitions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+
+import torch
+import torch.distributed as dist
+
+from tilecomm import launch
+from tilecomm.bench import parse_size, sizes
+
+PROTOS = ["ll", "simple"]
+
+
+def _per_call(run, calls, reps, barrier):
+    """Median over reps of (time of run()) / calls, in seconds; run() enqueues `calls` calls."""
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        barrier()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3 / calls)
+    return statistics.median(times)
+
+
+def _eager(fn, calls, reps, barrier):
+    for _ in range(3):
+        fn()
+
+    def loop():
+        for _ in range(calls):
+            fn()
+
+    return _per_call(loop, calls, reps, barrier)
+
+
+def _graph(fn, calls, reps, barrier):
+    fn()  # eager first: sets up transports outside the capture
+    torch.cuda.synchronize()
+    barrier()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    g.replay()  # warm-up replay
+    t = _per_call(g.replay, calls, reps, barrier)
+    del g
+    return t
+
+
+def _try(fn):
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001
+        return f"failed: {str(e).splitlines()[0][:80]}"
+
+
+def _rank(rank, world, args):
+    os.environ["TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"] = "1"
+    import tilecomm  # noqa: F401  (registers the backend)
+
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    dev = torch.device("cuda", torch.cuda.current_device())
+    grid = list(sizes(args.minbytes, args.maxbytes, args.stepfactor))
+    dist.init_process_group("tilecomm", rank=rank, world_size=world)
+    gloo = dist.new_group(backend="gloo")
+    groups = {}
+    for proto in PROTOS:
+        os.environ["TILECOMM_PROTO"] = proto  # rank 0's value is read at group creation
+        groups[proto] = dist.new_group(backend="tilecomm")
+    os.environ.pop("TILECOMM_PROTO")
+
+    symm = None
+    try:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        if hasattr(symm_mem, "enable_symm_mem_for_group"):
+            symm_mem.enable_symm_mem_for_group(gloo.group_name)
+        symm = symm_mem
+    except Exception as e:  # noqa: BLE001
+        if rank == 0:
+            print(f"# SymmetricMemory unavailable: {type(e).__name__}: {e}", flush=True)
+
+    def barrier():
+        dist.barrier(group=gloo)
+
+    calls, reps = args.calls, args.reps
+    out = open(args.jsonl, "a") if (args.jsonl and rank == 0) else None
+    for nbytes in grid:
+        n = max(1, nbytes // 4)
+        row = {}
+        x = torch.zeros(n, device=dev)  # sums stay zero however often they run
+        gout = torch.empty(world * n, device=dev)
+        for proto, g in groups.items():
+            ar = lambda g=g: dist.all_reduce(x, group=g)  # noqa: E731
+            ag = lambda g=g: dist.all_gather_into_tensor(gout, x, group=g)  # noqa: E731
+            row[f"all_reduce:{proto}:eager"] = _try(lambda: _eager(ar, calls, reps, barrier))
+            row[f"all_reduce:{proto}:graph"] = _try(lambda: _graph(ar, calls, reps, barrier))
+            row[f"all_gather:{proto}:eager"] = _try(lambda: _eager(ag, calls, reps, barrier))
+            if proto == "ll":  # the staged path cannot be captured
+                row[f"all_gather:{proto}:graph"] = _try(lambda: _graph(ag, calls, reps, barrier))
+        if symm is not None:
+            try:
+                buf = symm.empty(n, dtype=torch.float32, device=dev)
+                buf.zero_()
+                symm.rendezvous(buf, gloo.group_name)
+                fn = lambda: torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", gloo.group_name)  # noqa: E731
+                row["all_reduce:symm_one_shot:eager"] = _try(lambda: _eager(fn, calls, reps, barrier))
+                row["all_reduce:symm_one_shot:graph"] = _try(lambda: _graph(fn, calls, reps, barrier))
+                del buf
+            except Exception as e:  # noqa: BLE001
+                row["all_reduce:symm_one_shot:eager"] = f"failed: {str(e).splitlines()[0][:80]}"
+        del x, gout
+        # The slowest rank's time per entry (failures stay as text).
+        keys = sorted(k for k, v in row.items() if isinstance(v, float))
+        t = torch.tensor([row[k] for k in keys], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=gloo)
+        for k, v in zip(keys, t.tolist()):
+            row[k] = v
+        if rank == 0:
+            cells = [f"{k}={v * 1e6:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(row.items())]
+            print(f"world={world} bytes={nbytes} " + " ".join(cells), flush=True)
+            if out:
+                rec = dict(world=world, bytes=nbytes, calls=calls, reps=reps)
+                rec.update({k: (v * 1e6 if isinstance(v, float) else v) for k, v in row.items()})
+                out.write(json.dumps(rec) + "\n")
+                out.flush()
+    if rank == 0:
+        for proto, g in groups.items():
+            be = g._get_backend(torch.device("cuda"))
+            print(f"# {proto}: {be.cuda_status()}", flush=True)
+    if out:
+        out.close()
+    torch.cuda.synchronize()
+    dist.destroy_process_group()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--worlds", default="2,4")
+    ap.add_argument("-b", "--minbytes", type=parse_size, default=8)
+    ap.add_argument("-e", "--maxbytes", type=parse_size, default=1 << 20)
+    ap.add_argument("-f", "--stepfactor", type=int, default=2)
+    ap.add_argument("--calls", type=int, default=50, help="calls per timed loop (and per captured graph)")
+    ap.add_argument("--reps", type=int, default=5, help="timed loops per entry (median)")
+    ap.add_argument("--jsonl", default="")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("gpu_latency: no CUDA device")
+    for w in (int(x) for x in args.worlds.split(",")):
+        launch.run(_rank, w, args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+// allgather_direct_ll (CUDA, cuda_ipc, LL protocol): every rank writes its
+// input as LL lines (Note [LL lines]) into its slot of every peer's LL buffer
+// and copies it into its own output block; then it polls its own LL buffer and
+// copies peer q's lines into output block q. Cost: no flag round, one one-way
+// trip; per rank (p-1) x 2n bytes written to peers, (p-1) x 2n read locally.
+// Wins for small messages (n up to the LL buffer), where latency is all that
+// matters; larger ones are staged.
+#include <algorithm>
+
+#include "common/error.h"
+#include "cuda/allreduce.h"
+#include "cuda/primitives.cuh"
+
+namespace tilecomm::cuda {
+
+__device__ __forceinline__ bool isAligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+__global__ void __launch_bounds__(kThreads) allgatherDirectLLKernel(GatherArgs a) {
+  const Call c = beginCall(a);
+  const uint32_t flag = llFlag(c.seq);
+  const uint64_t nvec = (a.nbytes + 15) / 16;
+  const uint64_t first = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  // send: my input into slot `rank` of every peer's LL buffer, and into my own output block
+  const bool in_aligned = isAligned(a.in);
+  const bool own_aligned = isAligned(a.out[a.rank]);
+  for (uint64_t v = first; v < nvec; v += stride) {
+    const uint4 x = loadUser(a.in, v, a.nbytes, in_aligned);
+    for (int i = 1; i < a.world; ++i) {
+      const int q = (a.rank + i) % a.world;
+      llSend(llSlotOf(a.peers.base[q], a.capacity, a.ll_capacity, a.world, c.seq, a.rank), v, x, flag);
+    }
+    storeUser(a.out[a.rank], v, a.nbytes, own_aligned, x);
+  }
+  // receive: peer q's lines into output block q
+  char* own = a.peers.base[a.rank];
+  bool ok = true;
+  for (int i = 1; ok && i < a.world; ++i) {
+    const int q = (a.rank + a.world - i) % a.world;  // the peer that sent to us first
+    const char* slot = llSlotOf(own, a.capacity, a.ll_capacity, a.world, c.seq, q);
+    const bool aligned = isAligned(a.out[q]);
+    for (uint64_t v = first; ok && v < nvec; v += stride) {
+      uint4 x;
+      ok = llRecv(a, slot, v, c.seq, q, x);
+      if (ok) storeUser(a.out[q], v, a.nbytes, aligned, x);
+    }
+  }
+  endCall(a, c);
+}
+
+uint64_t allGatherDirectLL(IpcTransport& t, const void* in, void* const* out, uint64_t nbytes, cudaStream_t stream,
+                           uint64_t timeout_ns) {
+  if (nbytes > t.llCapacity()) throw Error(ErrorKind::kInvalid, "LL all_gather called outside its limits");
+  GatherArgs a{};
+  a.peers = t.peers();
+  a.capacity = t.capacity();
+  a.ll_capacity = t.llCapacity();
+  a.timeout_ns = timeout_ns;
+  a.launch = t.nextLaunch();
+  a.err = t.errorForDevice();
+  a.rank = t.rank();
+  a.world = t.world();
+  a.kind = KernelKind::kAllGatherLL;
+  a.in = static_cast<const char*>(in);
+  for (int q = 0; q < t.world(); ++q) a.out[q] = static_cast<char*>(out[q]);
+  a.nbytes = nbytes;
+  const uint64_t nvec = (nbytes + 15) / 16;
+  const int blocks = static_cast<int>(std::clamp<uint64_t>((nvec + kThreads - 1) / kThreads, 1, t.blockBudget()));
+  allgatherDirectLLKernel<<<blocks, kThreads, 0, stream>>>(a);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
+    throw Error(ErrorKind::kSystem, std::string("LL all_gather launch: ") + cudaGetErrorString(e));
+  return a.launch;
+}
+
+}  // namespace tilecomm::cuda
