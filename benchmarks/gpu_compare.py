@@ -53,6 +53,20 @@ def _timed(fn, iters, barrier):
     return statistics.median(times)
 
 
+def symmetric_memory(gloo, rank):
+    """PyTorch's SymmetricMemory module set up for `gloo`'s ranks, or None (said once) where it is unavailable."""
+    try:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        if hasattr(symm_mem, "enable_symm_mem_for_group"):
+            symm_mem.enable_symm_mem_for_group(gloo.group_name)
+        return symm_mem
+    except Exception as e:  # noqa: BLE001
+        if rank == 0:
+            print(f"# SymmetricMemory unavailable: {type(e).__name__}: {e}", flush=True)
+        return None
+
+
 def _rank(rank, world, args):
     os.environ["TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"] = "1"
     import tilecomm  # noqa: F401  (registers the backend)
@@ -71,16 +85,7 @@ def _rank(rank, world, args):
     os.environ.pop("TILECOMM_CUDA_ALLREDUCE")
     os.environ.pop("TILECOMM_PROTO")
 
-    symm = None
-    try:
-        import torch.distributed._symmetric_memory as symm_mem
-
-        if hasattr(symm_mem, "enable_symm_mem_for_group"):
-            symm_mem.enable_symm_mem_for_group(gloo.group_name)
-        symm = symm_mem
-    except Exception as e:  # noqa: BLE001
-        if rank == 0:
-            print(f"# SymmetricMemory unavailable: {type(e).__name__}: {e}", flush=True)
+    symm = symmetric_memory(gloo, rank)
 
     def barrier():
         dist.barrier(group=gloo)

@@ -29,6 +29,7 @@ import statistics
 import torch
 import torch.distributed as dist
 
+from gpu_compare import symmetric_memory  # noqa: E402  (benchmarks/ is the script's directory)
 from tilecomm import launch
 from tilecomm.bench import parse_size, sizes
 
@@ -97,16 +98,7 @@ def _rank(rank, world, args):
         groups[proto] = dist.new_group(backend="tilecomm")
     os.environ.pop("TILECOMM_PROTO")
 
-    symm = None
-    try:
-        import torch.distributed._symmetric_memory as symm_mem
-
-        if hasattr(symm_mem, "enable_symm_mem_for_group"):
-            symm_mem.enable_symm_mem_for_group(gloo.group_name)
-        symm = symm_mem
-    except Exception as e:  # noqa: BLE001
-        if rank == 0:
-            print(f"# SymmetricMemory unavailable: {type(e).__name__}: {e}", flush=True)
+    symm = symmetric_memory(gloo, rank)
 
     def barrier():
         dist.barrier(group=gloo)

@@ -117,6 +117,10 @@ PYBIND11_MODULE(_C, m) {
            [](exec::Engine& e, int coll, std::vector<std::pair<uint64_t, uint16_t>> table) {
              translate([&] { e.setTable(static_cast<Coll>(coll), std::move(table)); });
            })
+      .def("set_notes",
+           [](exec::Engine& e, int coll, std::vector<std::pair<uint64_t, std::string>> notes) {
+             e.setNotes(static_cast<Coll>(coll), std::move(notes));
+           })
       .def("pick", [](exec::Engine& e, int coll, uint64_t nbytes) { return e.pick(static_cast<Coll>(coll), nbytes); })
       .def("start", &exec::Engine::start)
       .def("failure", &exec::Engine::failure);

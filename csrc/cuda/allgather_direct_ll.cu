@@ -52,15 +52,7 @@ uint64_t allGatherDirectLL(IpcTransport& t, const void* in, void* const* out, ui
                            uint64_t timeout_ns) {
   if (nbytes > t.llCapacity()) throw Error(ErrorKind::kInvalid, "LL all_gather called outside its limits");
   GatherArgs a{};
-  a.peers = t.peers();
-  a.capacity = t.capacity();
-  a.ll_capacity = t.llCapacity();
-  a.timeout_ns = timeout_ns;
-  a.launch = t.nextLaunch();
-  a.err = t.errorForDevice();
-  a.rank = t.rank();
-  a.world = t.world();
-  a.kind = KernelKind::kAllGatherLL;
+  beginCall(a, t, timeout_ns, KernelKind::kAllGatherLL);
   a.in = static_cast<const char*>(in);
   for (int q = 0; q < t.world(); ++q) a.out[q] = static_cast<char*>(out[q]);
   a.nbytes = nbytes;

@@ -30,15 +30,7 @@ uint64_t allReduceDirect(DirectAlgo algo, IpcTransport& t, void* data, uint64_t 
   if (nbytes > (ll ? t.llCapacity() : t.capacity()) || !directSupports(dtype, op))
     throw Error(ErrorKind::kInvalid, "direct all_reduce called outside its limits");
   DirectArgs a{};
-  a.peers = t.peers();
-  a.capacity = t.capacity();
-  a.ll_capacity = t.llCapacity();
-  a.timeout_ns = timeout_ns;
-  a.launch = t.nextLaunch();
-  a.err = t.errorForDevice();
-  a.rank = t.rank();
-  a.world = t.world();
-  a.kind = ll ? KernelKind::kAllReduceLL : KernelKind::kAllReduce;
+  beginCall(a, t, timeout_ns, ll ? KernelKind::kAllReduceLL : KernelKind::kAllReduce);
   a.data = static_cast<char*>(data);
   a.nbytes = nbytes;
   // NOTE: the grid depends on nbytes only, so every rank's block b covers the same vectors

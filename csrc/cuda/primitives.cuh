@@ -32,6 +32,19 @@ struct CallArgs {
   KernelKind kind;
 };
 
+/// The CallArgs of the next launch over `t` (host side; takes the launch id).
+inline void beginCall(CallArgs& a, IpcTransport& t, uint64_t timeout_ns, KernelKind kind) {
+  a.peers = t.peers();
+  a.capacity = t.capacity();
+  a.ll_capacity = t.llCapacity();
+  a.timeout_ns = timeout_ns;
+  a.launch = t.nextLaunch();
+  a.err = t.errorForDevice();
+  a.rank = t.rank();
+  a.world = t.world();
+  a.kind = kind;
+}
+
 /// all_reduce: the user's tensor, reduced in place.
 struct DirectArgs : CallArgs {
   char* data;

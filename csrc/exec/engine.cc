@@ -1,13 +1,19 @@
 #include "exec/engine.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "common/error.h"
 
 namespace tilecomm::exec {
 
 Engine::Engine(int rank, int world, const EngineConfig& cfg)
-    : rank_(rank), world_(world), cfg_(cfg), tables_(static_cast<size_t>(Coll::kCount)) {
+    : rank_(rank),
+      world_(world),
+      cfg_(cfg),
+      tables_(static_cast<size_t>(Coll::kCount)),
+      notes_(static_cast<size_t>(Coll::kCount)),
+      noted_(static_cast<size_t>(Coll::kCount)) {
   tr_ = std::make_unique<transport::Transport>(rank, world, cfg.shm, cfg.tcp);
   exec_ = std::make_unique<Executor>(*tr_, cfg.wait);
   p2p_ = std::make_unique<P2PEngine>(*exec_, [this](const std::string& m) { fail(m, true); });
@@ -53,9 +59,27 @@ void Engine::start() {
   p2p_->start();
 }
 
+void Engine::setNotes(Coll coll, std::vector<std::pair<uint64_t, std::string>> notes) {
+  std::lock_guard<std::mutex> lk(notes_mu_);
+  noted_[static_cast<size_t>(coll)].assign(notes.size(), false);
+  notes_[static_cast<size_t>(coll)] = std::move(notes);
+}
+
 uint16_t Engine::pick(Coll coll, uint64_t nbytes) const {
   const auto& t = tables_[static_cast<size_t>(coll)];
   if (t.empty()) throw Error(ErrorKind::kInvalid, std::string("no algorithm registered for ") + collName(coll));
+  const auto& notes = notes_[static_cast<size_t>(coll)];
+  if (!notes.empty()) {
+    std::lock_guard<std::mutex> lk(notes_mu_);
+    for (size_t i = 0; i < notes.size(); ++i) {
+      if (nbytes > notes[i].first) continue;
+      if (!noted_[static_cast<size_t>(coll)][i]) {
+        noted_[static_cast<size_t>(coll)][i] = true;
+        std::fprintf(stderr, "tilecomm: %s\n", notes[i].second.c_str());
+      }
+      break;
+    }
+  }
   for (const auto& e : t)
     if (nbytes <= e.first) return e.second;
   return t.back().second;

@@ -62,6 +62,9 @@ class Engine {
   void addAlgorithm(Algorithm algo);
   /// Decision table of a collective: pick the first entry with nbytes <= max_bytes.
   void setTable(Coll coll, std::vector<std::pair<uint64_t, uint16_t>> table);
+  /// TILECOMM_DEBUG=INFO: a line per size class (up to max_bytes), printed to
+  /// stderr the first time a call of that class picks its algorithm.
+  void setNotes(Coll coll, std::vector<std::pair<uint64_t, std::string>> notes);
   void start();  // starts the progress threads
 
   // ---- per call ----
@@ -110,6 +113,9 @@ class Engine {
   std::unique_ptr<P2PEngine> p2p_;
   std::map<uint16_t, Algorithm> algos_;
   std::vector<std::vector<std::pair<uint64_t, uint16_t>>> tables_;
+  std::vector<std::vector<std::pair<uint64_t, std::string>>> notes_;  // per collective; empty unless INFO
+  mutable std::mutex notes_mu_;
+  mutable std::vector<std::vector<bool>> noted_;
   uint64_t coll_seq_ = 0;
   std::map<uint16_t, algo::DirectFn> direct_;
   std::map<uint16_t, algo::AllToAllFn> alltoall_;

@@ -70,6 +70,8 @@ def create(opts, pg_options=None):
     me = topology.machine_id()
     store.set(pre + f"host/{rank}", json.dumps([settings.value("TILECOMM_HOSTNAME") or me, me]))
 
+    loaded = {}  # rank 0: the profile make_config used
+
     def make_config():
         cfg = settings.resolve()
         hosts = [json.loads(store.get(pre + f"host/{r}").decode()) for r in range(world)]
@@ -80,7 +82,7 @@ def create(opts, pg_options=None):
         forced = selector.parse_forced(cfg["TILECOMM_ALGO"])
         path = cfg["TILECOMM_PROFILE"]
         try:
-            profile = selector.load_profile(path or None)
+            profile = loaded["profile"] = selector.load_profile(path or None)
         except ValueError as e:
             raise ValueError(f"TILECOMM_PROFILE: {e}") from None
         topo = topology.Topology(tuple(labels), links)
@@ -149,6 +151,10 @@ def create(opts, pg_options=None):
         log.info("tilecomm world=%d topology: %s", world, topo)
         log.info("tilecomm world=%d profile: %s", world, agreed["profile"])
         _log_tables(world, agreed["tables"])
+        # Once per (collective, size class) in use, the engine logs the choice and its predicted time.
+        for coll, table in agreed["tables"].items():
+            notes = selector.size_class_notes(coll, world, table, loaded["profile"], topo.layout, topo.domains)
+            engine.set_notes(algorithms.COLLECTIVES.index(coll), notes)
     engine.start()
     pg = _C.ProcessGroupTilecomm(engine, timeout_ms)
     if _C.HAS_CUDA:  # CUDA tensors; the cuda_ipc handles go through the Store on first use

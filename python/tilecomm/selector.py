@@ -206,6 +206,19 @@ def build_tables(p: int, forced: dict[str, str], profile=DEFAULT_PROFILE, layout
     return {c: build_table(c, p, forced, profile, layout, domains) for c in algorithms.COLLECTIVES}
 
 
+def size_class_notes(collective: str, p: int, table, profile=DEFAULT_PROFILE, layout=None, domains=None):
+    """[(max_bytes, line), ...]: per size class of the table grid (powers of two), the algorithm
+    the table picks and its predicted time, for TILECOMM_DEBUG=INFO's once-per-class log."""
+    notes, lo = [], 0
+    for n in _GRID:
+        algo = lookup(table, n)
+        t = predict(terms(algo, p, layout, domains), n, profile, algo=algo.name, world=p).total_s
+        notes.append((n, f"{collective} of {lo}..{n} B at world {p}: {algo.name}, predicted {t * 1e6:.3g} us at {n} B"))
+        lo = n + 1
+    notes.append((MAX_BYTES, notes[-1][1].replace(f"..{_GRID[-1]} B", f"..{MAX_BYTES} B")))
+    return notes
+
+
 def lookup(table, nbytes: int) -> algorithms.Algorithm:
     """The algorithm a decision table picks for an nbytes buffer (as the engine does)."""
     for max_bytes, aid in table:

@@ -1540,6 +1540,17 @@ def _err(e):
     return {"type": type(e).__name__, "message": str(e), "is_dist_backend_error": isinstance(e, dist.DistBackendError)}
 
 
+def _attempt(fn, *args, **kwargs):
+    """(the error as _err gives it, or None; seconds) of one call of fn."""
+    t0 = time.monotonic()
+    try:
+        fn(*args, **kwargs)
+        err = None
+    except Exception as e:
+        err = _err(e)
+    return err, time.monotonic() - t0
+
+
 def spawn_desync(rank, world, port, kind="all_reduce_vs_broadcast", timeout_s=30):
     """Mismatched collectives: every rank must raise DistBackendError quickly; later ops fail too."""
     _init(rank, world, port, timeout_s)
@@ -1600,13 +1611,7 @@ def spawn_dead_rank(rank, world, port, victim=1, n=4, timeout_s=10, during=False
         os._exit(1)
     if during and rank == world - 1:
         time.sleep(0.6)
-    t0 = time.monotonic()
-    try:
-        dist.all_reduce(torch.ones(n))
-        err = None
-    except Exception as e:
-        err = _err(e)
-    elapsed = time.monotonic() - t0
+    err, elapsed = _attempt(dist.all_reduce, torch.ones(n))
     try:
         dist.all_reduce(torch.ones(2))
         later = None
@@ -1676,13 +1681,8 @@ def spawn_late_rank(rank, world, port, late=1, timeout_s=3, sleep_s=8, n=4):
     dist.all_reduce(t)
     if rank == late:
         time.sleep(sleep_s)
-    t0 = time.monotonic()
-    try:
-        dist.all_reduce(torch.ones(n))
-        err = None
-    except Exception as e:
-        err = _err(e)
-    return {"error": err, "elapsed": time.monotonic() - t0, "pid": os.getpid()}
+    err, elapsed = _attempt(dist.all_reduce, torch.ones(n))
+    return {"error": err, "elapsed": elapsed, "pid": os.getpid()}
 
 
 def spawn_init_error(rank, world, port, timeout_s=20, store_port=None):
@@ -1940,13 +1940,7 @@ def spawn_stopped_rank(rank, world, port, victim=1, n=4, timeout_s=2, stop_s=0.2
         threading.Timer(stop_s, os.kill, (os.getpid(), signal.SIGSTOP)).start()
     else:
         time.sleep(2 * stop_s + 0.2 * rank)
-    t0 = time.monotonic()
-    try:
-        dist.all_reduce(torch.ones(n))
-        err = None
-    except Exception as e:
-        err = _err(e)
-    elapsed = time.monotonic() - t0
+    err, elapsed = _attempt(dist.all_reduce, torch.ones(n))
     if rank == 0:
         os.kill(pids[victim], signal.SIGCONT)
     return {"error": err, "elapsed": elapsed, "pid": os.getpid()}
@@ -2031,13 +2025,7 @@ def spawn_desync_matrix(rank, world, port, items, timeout_s=10):
         os.environ["TILECOMM_ALGO"] = spec  # rank 0's value is read at group creation
         g = dist.new_group(backend="tilecomm", timeout=timedelta(seconds=timeout_s))
         _call("all_reduce", g)  # everyone connected and in step
-        t0 = time.monotonic()
-        try:
-            _call(g=g, **(mine if rank == 0 else theirs))
-            first = None
-        except Exception as e:
-            first = _err(e)
-        elapsed = time.monotonic() - t0
+        first, elapsed = _attempt(_call, g=g, **(mine if rank == 0 else theirs))
         try:
             _call("all_reduce", g)
             later = None

@@ -97,3 +97,31 @@ def test_late_rank_over_tcp_times_out_naming_it():
     res = spawn_ranks(2, "spawn_late_rank", env=dict(TCP), timeout=60, late=1, timeout_s=3, sleep_s=8)
     err = res[0].result["error"]
     assert err is not None and "timed out" in err["message"] and "rank 1" in err["message"], res[0]
+
+
+@pytest.mark.parametrize("world,victim", [(2, 1), (3, 1)])
+def test_stopped_rank_over_tcp_times_out_naming_it(world, victim):
+    """SIGSTOP mid-transfer: a stopped peer keeps its connections open, so only the timeout tells."""
+    res = spawn_ranks(world, "spawn_stopped_rank", env=dict(TCP), timeout=60, victim=victim, n=3_000_001,
+                      timeout_s=2)
+    for o in res:
+        assert o.status == "ok", o
+        err = o.result["error"]
+        assert err is not None and err["is_dist_backend_error"], o.result
+        if o.rank != victim:
+            assert "timed out" in err["message"] and f"rank {victim}" in err["message"], err
+            assert o.result["elapsed"] < 2 + 3, o.result
+    assert not harness.shm_segments([o.pid for o in res])
+
+
+def test_recovery_after_a_killed_rank_over_tcp():
+    """The survivors of a SIGKILL over TCP destroy the group and form a smaller one (over TCP too) that works."""
+    outs = spawn_ranks(3, "spawn_recover_after_kill", env=dict(TCP), timeout=60, port2=harness.free_port(),
+                       victim=1, n=3_000_001, timeout_s=10)
+    assert outs[1].status == "died", outs[1]
+    for o in (outs[0], outs[2]):
+        assert o.status == "ok", o
+        res = o.result
+        assert res["error"] is not None and "rank 1" in res["error"]["message"], res
+        assert res["destroy_s"] < 3 and res["segments"] == [], res
+        assert res["sum_ok"] and res["gathered"] == [[0] * 3, [1] * 3], res

@@ -90,7 +90,8 @@ SCRIPT = textwrap.dedent(
             return
         t = torch.ones(4)
         dist.all_reduce(t)
-        assert t.tolist() == [2.0] * 4
+        dist.all_reduce(t)  # the same size class: logged once
+        assert t.tolist() == [4.0] * 4
         dist.destroy_process_group()
 
     if __name__ == "__main__":
@@ -106,6 +107,9 @@ def test_groups_use_and_log_the_profile(profile_path, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "tilecomm world=2 profile: tuned on" in r.stderr and f"(from {profile_path})" in r.stderr
     assert "tilecomm world=2 all_reduce: [0, " in r.stderr
+    # Once per (collective, size class) in use: the choice and its predicted time (rank 0).
+    chosen = [line for line in r.stderr.splitlines() if line.startswith("tilecomm: all_reduce of 9..16 B at world 2")]
+    assert len(chosen) == 1 and "predicted" in chosen[0], r.stderr
     r = _run([str(script)], TILECOMM_PROFILE=str(tmp_path / "missing.json"))
     for rank in (0, 1):  # rank 0 reads the file; its error reaches every rank
         assert (
