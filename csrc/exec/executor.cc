@@ -15,6 +15,29 @@ using transport::Slot;
 void Executor::begin(const CollDesc& d) {
   history_[d.seq % kHistory] = d;
   tr_.publishBoard(d);
+  // Every earlier collective is done on this rank, so a message of one still
+  // waiting means a peer called something else (say, another root) that only we
+  // can notice: fail before sending anything, so that no peer completes this one.
+  checkInbox(d, d.seq - 1);
+}
+
+void Executor::checkPrevious(const CollDesc& desc, int peer) const {
+  if (desc.seq < 2) return;
+  const CollDesc& ours = history_[(desc.seq - 1) % kHistory];
+  std::optional<transport::BoardEntry> theirs = tr_.readBoardAt(peer, desc.seq - 1);
+  if (ours.seq == desc.seq - 1 && theirs && !theirs->desc.sameCall(ours))
+    throw Error(ErrorKind::kDesync, desyncMessage(tr_.rank(), ours, peer, theirs->desc));
+}
+
+void Executor::checkInbox(const CollDesc& desc, uint64_t upto) const {
+  for (int r = 0; r < tr_.world(); ++r) {
+    if (r == tr_.rank()) continue;
+    const Slot* stale = tr_.tryRecvSlot(kCollLane, r);
+    if (stale) {
+      const CollDesc theirs = stale->hdr.desc;  // copy once: the peer could scribble on shared memory
+      if (theirs.seq <= upto) throw Error(ErrorKind::kDesync, mismatch(desc, r, theirs));
+    }
+  }
 }
 
 std::string Executor::mismatch(const CollDesc& mine, int peer, const CollDesc& theirs) const {
@@ -41,7 +64,7 @@ std::string desyncMessage(int me, const CollDesc& mine, int peer, const CollDesc
 }
 
 bool Executor::progressSend(Step& s, std::vector<Step>& steps, const CollDesc& desc) {
-  const size_t slice = tr_.slotBytes();
+  const size_t slice = tr_.slotBytes(s.peer);
   size_t limit = s.dep >= 0 ? steps[s.dep].done : s.nbytes;
   bool moved = false;
   while (!s.finished) {
@@ -65,7 +88,7 @@ bool Executor::progressSend(Step& s, std::vector<Step>& steps, const CollDesc& d
 }
 
 bool Executor::progressRecv(Step& s, std::vector<Step>& steps, const CollDesc& desc, DType dtype, RedOp op) {
-  const size_t slice = tr_.slotBytes();
+  const size_t slice = tr_.slotBytes(s.peer);
   bool moved = false;
   while (!s.finished) {
     size_t len = std::min(slice, s.nbytes - s.done);
@@ -75,6 +98,7 @@ bool Executor::progressRecv(Step& s, std::vector<Step>& steps, const CollDesc& d
     if (!slot) break;
     const transport::SlotHeader h = slot->hdr;  // copy once: the peer could scribble on shared memory
     if (!h.desc.sameCall(desc)) throw Error(ErrorKind::kDesync, mismatch(desc, s.peer, h.desc));
+    if (s.done == 0) checkPrevious(desc, s.peer);
     if (h.msg_bytes != s.nbytes || h.offset != s.done || h.len != len)
       throw Error(ErrorKind::kDesync,
                   "in " + desc.describe() + " (collective #" + std::to_string(desc.seq) + ") rank " +
@@ -127,21 +151,6 @@ uint64_t Executor::exchangeMailbox(const CollDesc& desc, const char* data, size_
     return round;
   }
   ShmTransport& shm = tr_.shm();
-  // NOTE: a mailbox collective sends no slots, so a pending slot from this or an
-  // earlier collective means some ranks called something else (say, another
-  // root), which the senders alone could not notice. Checked before arriving
-  // (then the others cannot complete the round without us and learn of it from
-  // our abort) and again once every rank arrived (by then every message sent in
-  // earlier collectives has landed).
-  auto checkInbox = [&] {
-    for (int r = 0; r < world; ++r) {
-      if (r == me) continue;
-      const Slot* stale = shm.tryRecvSlot(kCollLane, r);
-      if (stale && stale->hdr.desc.seq <= desc.seq)
-        throw Error(ErrorKind::kDesync, mismatch(desc, r, stale->hdr.desc));
-    }
-  };
-  checkInbox();
   Slot* box = shm.mailbox(me, round);
   box->hdr.desc = desc;
   box->hdr.msg_bytes = msg_bytes;
@@ -163,7 +172,12 @@ uint64_t Executor::exchangeMailbox(const CollDesc& desc, const char* data, size_
         return false;
       },
       &desc, nullptr, deadline, timeout_ms);
-  checkInbox();
+  // NOTE: a mailbox collective sends no slots, and once every rank arrived every
+  // message of earlier collectives has landed: a pending slot of this or an
+  // earlier collective means some ranks called something else.
+  checkInbox(desc, desc.seq);
+  for (int r = 0; r < world; ++r)
+    if (r != me) checkPrevious(desc, r);
   return round;
 }
 
@@ -195,6 +209,7 @@ void Executor::checkAborted() const {
 void Executor::checkFailures(const WaitScope& scope) {
   int me = tr_.rank();
   tr_.heartbeat();
+  if (scope.desc) tr_.announceBoard(*scope.desc);
   checkAborted();
   std::string where = scope.desc ? scope.desc->describe() + " (collective #" + std::to_string(scope.desc->seq) + ")"
                                  : std::string("point-to-point ") + scope.what;
@@ -208,7 +223,7 @@ void Executor::checkFailures(const WaitScope& scope) {
   }
   if (scope.desc) {
     for (int p : *scope.peers) {
-      std::optional<transport::BoardEntry> b = tr_.readBoard(p);
+      std::optional<transport::BoardEntry> b = tr_.reportedBoard(p);
       if (b && b->seq == scope.desc->seq && !b->desc.sameCall(*scope.desc))
         throw Error(ErrorKind::kDesync, mismatch(*scope.desc, p, b->desc));
     }

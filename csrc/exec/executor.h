@@ -84,8 +84,9 @@ class Executor {
   template <typename Pass>
   void drive(Pass&& pass, const CollDesc* desc, const char* what, Clock::time_point deadline, int64_t timeout_ms);
 
-  /// Called as collective `d` starts: publishes it on the board and remembers it
-  /// for mismatch messages.
+  /// Called as collective `d` starts: publishes it on the board, remembers it
+  /// for mismatch messages, and throws if a message of an earlier collective is
+  /// still waiting (a mismatch).
   void begin(const CollDesc& d);
 
   /// Makes every current and later wait throw (the group is being destroyed).
@@ -100,6 +101,13 @@ class Executor {
   /// The desync message for a peer's descriptor `theirs` met while in `mine`
   /// (compares our own call of the peer's sequence number when we remember it).
   std::string mismatch(const CollDesc& mine, int peer, const CollDesc& theirs) const;
+  /// Throws a mismatch if `peer` called something else than we did as the
+  /// collective before `desc` (a mismatch that the data flow did not reveal,
+  /// e.g. two roots whose chains both reached this rank), as far as we can see
+  /// it: the peer's board (shared memory) or its frames' note of it (TCP).
+  void checkPrevious(const CollDesc& desc, int peer) const;
+  /// Throws a mismatch if a peer's next collective-lane slot belongs to collective #upto or earlier.
+  void checkInbox(const CollDesc& desc, uint64_t upto) const;
   bool progressSend(Step& s, std::vector<Step>& steps, const CollDesc& desc);
   bool progressRecv(Step& s, std::vector<Step>& steps, const CollDesc& desc, DType dtype, RedOp op);
   void checkFailures(const WaitScope& scope);

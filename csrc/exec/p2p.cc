@@ -146,7 +146,7 @@ bool P2PEngine::progressSend(P2POp& op) {
   while (!op.finished) {
     Slot* slot = tr.trySendSlot(kP2PLane, op.peer);
     if (!slot) break;
-    size_t len = std::min<size_t>(tr.slotBytes(), op.nbytes - op.progress);
+    size_t len = std::min<size_t>(tr.slotBytes(op.peer), op.nbytes - op.progress);
     slot->hdr.desc = CollDesc{};
     slot->hdr.msg_bytes = op.nbytes;
     slot->hdr.offset = op.progress;
@@ -192,7 +192,7 @@ bool P2PEngine::drainInbound(int src) {
     const Slot* slot = tr.tryRecvSlot(kP2PLane, src);
     if (!slot) break;
     const transport::SlotHeader h = slot->hdr;
-    if (h.msg_bytes != in.msg_bytes || h.offset != in.got || h.len > tr.slotBytes() ||
+    if (h.msg_bytes != in.msg_bytes || h.offset != in.got || h.len > tr.slotBytes(src) ||
         h.len > in.msg_bytes - in.got || (h.len == 0 && in.msg_bytes != 0))
       throw Error(ErrorKind::kDesync, "malformed point-to-point slice from rank " + std::to_string(src));
     const char* p = ShmTransport::payload(slot);

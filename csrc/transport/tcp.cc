@@ -107,11 +107,17 @@ std::string checkFrame(const FrameHeader& h, int lane, uint64_t expected_seq, ui
     if (h.len > kAbortBytes) return "abort frame of " + std::to_string(h.len) + " bytes";
     return "";
   }
+  if (h.kind == FrameKind::kBoard) {
+    if (h.len != sizeof(BoardEntry)) return "board frame of " + std::to_string(h.len) + " bytes";
+    return "";
+  }
   if (h.kind != FrameKind::kData) return "unknown frame kind " + std::to_string(static_cast<int>(h.kind));
   if (h.len > slot_bytes)
     return "payload of " + std::to_string(h.len) + " bytes exceeds the slot size " + std::to_string(slot_bytes);
   if (h.hdr.len != h.len)
     return "slot header says " + std::to_string(h.hdr.len) + " bytes, frame " + std::to_string(h.len);
+  if (h.before.seq != 0 && h.before.seq >= h.hdr.desc.seq)
+    return "the call before collective #" + std::to_string(h.hdr.desc.seq) + " is #" + std::to_string(h.before.seq);
   if (h.hdr.offset > h.hdr.msg_bytes || h.hdr.msg_bytes - h.hdr.offset < h.len)
     return "slice [" + std::to_string(h.hdr.offset) + ", +" + std::to_string(h.len) + ") outside a " +
            std::to_string(h.hdr.msg_bytes) + "-byte message";
@@ -132,8 +138,8 @@ struct TcpTransport::Conn {
   size_t tx_total = 0;  // bytes of the frame being written (0: none)
   size_t tx_off = 0;
   bool tx_data = false;
-  bool abort_pending = false;
-  std::string abort_out;
+  std::deque<std::pair<FrameKind, std::string>> control;  // abort and board frames to send
+  std::string control_out;                                // the one being sent
   // receive side: the I/O thread fills slots, the user releases them
   std::vector<char> rx;
   std::atomic<uint64_t> ready{0};
@@ -143,12 +149,14 @@ struct TcpTransport::Conn {
   std::atomic<bool> resume{false};
   FrameHeader rx_fh{};
   size_t rx_got = 0;
-  char abort_in[kAbortBytes];
+  char control_in[kAbortBytes];
   // state
   std::atomic<bool> dead{false};
-  mutable std::mutex mu;  // guards why, abort_text
+  mutable std::mutex mu;  // guards why, abort_text, boards
   std::string why;
   std::string abort_text;
+  BoardEntry boards[kBoardRows] = {};  // what the peer said it waits in, by seq % kBoardRows
+  uint64_t board_latest = 0;
 };
 
 TcpTransport::TcpTransport(int rank, int world, uint32_t slot_bytes, const TcpConfig& cfg, ShmTransport& shm)
@@ -219,7 +227,7 @@ void TcpTransport::connect(const std::vector<bool>& remote, const std::vector<st
     if (h.world != static_cast<uint32_t>(world_) || h.to != rank_ || h.lane < 0 || h.lane >= kNumLanes ||
         h.from < 0 || h.from >= world_ || !remote[h.from] || (from >= 0 ? h.from != from : h.from <= rank_))
       return "its ranks, lane or world size do not match";
-    if (h.slot_bytes != slot_bytes_) return "it uses another slot size (TILECOMM_SHM_SLOT_BYTES differs)";
+    if (h.slot_bytes != slot_bytes_) return "it uses another frame size (TILECOMM_TCP_FRAME_BYTES differs)";
     return "";
   };
   auto install = [&](int fd, int peer, int lane) {
@@ -335,7 +343,7 @@ void TcpTransport::addConn(int fd, int peer, int lane) {
 
 std::string TcpTransport::fuzzReceive(const std::string& bytes, uint32_t slot_bytes) {
   ShmTransport shm(0, 2, ShmConfig{1, 64});  // this rank's doorbell and abort word
-  TcpTransport t(0, 2, slot_bytes, TcpConfig{2}, shm);
+  TcpTransport t(0, 2, slot_bytes, TcpConfig{2, slot_bytes}, shm);
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) throwSystemError("socketpair");
   setNonBlocking(sv[0]);
@@ -405,17 +413,22 @@ bool TcpTransport::flush(Conn& c) {
       c.tx_fh.magic = kFrameMagic;
       c.tx_fh.lane = static_cast<uint8_t>(c.lane);
       c.tx_fh.seq = k;
-      if (c.abort_pending) {
-        c.tx_fh.kind = FrameKind::kAbort;
-        c.tx_fh.len = static_cast<uint32_t>(c.abort_out.size());
-        c.tx_payload = c.abort_out.data();
+      if (!c.control.empty()) {
+        c.tx_fh.kind = c.control.front().first;
+        c.control_out = std::move(c.control.front().second);
+        c.control.pop_front();
+        c.tx_fh.len = static_cast<uint32_t>(c.control_out.size());
+        c.tx_payload = c.control_out.data();
         c.tx_data = false;
-        c.abort_pending = false;
       } else if (k < c.committed.load(std::memory_order_acquire)) {
         const Slot* s = ringSlot(c.tx, k);
         c.tx_fh.kind = FrameKind::kData;
         c.tx_fh.len = s->hdr.len;
         c.tx_fh.hdr = s->hdr;
+        if (uint64_t q = s->hdr.desc.seq; q > 1) {
+          std::lock_guard<std::mutex> lk(calls_mu_);
+          if (calls_[(q - 1) % kBoardRows].seq == q - 1) c.tx_fh.before = calls_[(q - 1) % kBoardRows];
+        }
         c.tx_payload = ShmTransport::payload(s);
         c.tx_data = true;
       } else {
@@ -470,7 +483,7 @@ bool TcpTransport::readFrames(Conn& c) {
       dst = reinterpret_cast<char*>(&c.rx_fh) + c.rx_got;
       want = hsz - c.rx_got;
     } else {
-      char* base = c.rx_fh.kind == FrameKind::kData ? ShmTransport::payload(ringSlot(c.rx, k)) : c.abort_in;
+      char* base = c.rx_fh.kind == FrameKind::kData ? ShmTransport::payload(ringSlot(c.rx, k)) : c.control_in;
       dst = base + (c.rx_got - hsz);
       want = hsz + c.rx_fh.len - c.rx_got;
     }
@@ -498,14 +511,24 @@ bool TcpTransport::readFrames(Conn& c) {
     }
     if (c.rx_got < hsz || c.rx_got < hsz + c.rx_fh.len) continue;
     if (c.rx_fh.kind == FrameKind::kData) {
+      if (c.rx_fh.before.seq != 0) {
+        std::lock_guard<std::mutex> lk(c.mu);
+        c.boards[c.rx_fh.before.seq % kBoardRows] = BoardEntry{c.rx_fh.before.seq, c.rx_fh.before};
+      }
       Slot* s = ringSlot(c.rx, k);
       s->hdr = c.rx_fh.hdr;
       s->seq.store(k + 1, std::memory_order_release);
       c.ready.store(k + 1, std::memory_order_release);
+    } else if (c.rx_fh.kind == FrameKind::kBoard) {
+      BoardEntry e;
+      std::memcpy(&e, c.control_in, sizeof(e));
+      std::lock_guard<std::mutex> lk(c.mu);
+      c.boards[e.seq % kBoardRows] = e;
+      c.board_latest = std::max(c.board_latest, e.seq);
     } else {
       {
         std::lock_guard<std::mutex> lk(c.mu);
-        c.abort_text.assign(c.abort_in, c.rx_fh.len);
+        c.abort_text.assign(c.control_in, c.rx_fh.len);
       }
       shm_.noteAbort(c.peer);
     }
@@ -561,10 +584,38 @@ void TcpTransport::broadcastAbort(const std::string& msg) {
   for (auto& c : conns_) {
     if (!c || c->lane != kCollLane || c->dead.load()) continue;
     std::lock_guard<std::mutex> lk(c->tx_mu);
-    c->abort_out = msg.substr(0, kAbortBytes);
-    c->abort_pending = true;
+    c->control.emplace_back(FrameKind::kAbort, msg.substr(0, kAbortBytes));
     flush(*c);
   }
+}
+
+void TcpTransport::noteCall(const CollDesc& d) {
+  std::lock_guard<std::mutex> lk(calls_mu_);
+  calls_[d.seq % kBoardRows] = d;
+}
+
+void TcpTransport::broadcastBoard(const BoardEntry& e) {
+  std::string raw(reinterpret_cast<const char*>(&e), sizeof(e));
+  for (auto& c : conns_) {
+    if (!c || c->lane != kCollLane || c->dead.load()) continue;
+    std::lock_guard<std::mutex> lk(c->tx_mu);
+    c->control.emplace_back(FrameKind::kBoard, raw);
+    flush(*c);
+  }
+}
+
+std::optional<BoardEntry> TcpTransport::peerBoard(int peer) const {
+  const Conn& c = conn(kCollLane, peer);
+  std::lock_guard<std::mutex> lk(c.mu);
+  if (c.board_latest == 0) return std::nullopt;
+  return c.boards[c.board_latest % kBoardRows];
+}
+
+std::optional<BoardEntry> TcpTransport::peerBoardAt(int peer, uint64_t seq) const {
+  const Conn& c = conn(kCollLane, peer);
+  std::lock_guard<std::mutex> lk(c.mu);
+  const BoardEntry& e = c.boards[seq % kBoardRows];
+  return e.seq == seq && seq != 0 ? std::optional<BoardEntry>(e) : std::nullopt;
 }
 
 std::string TcpTransport::peerError(int peer) const {

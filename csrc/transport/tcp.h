@@ -26,8 +26,10 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -40,7 +42,10 @@ constexpr uint32_t kFrameMagic = 0x74636631;  // "tcf1"
 constexpr size_t kTokenBytes = 32;
 constexpr size_t kAbortBytes = 1024;
 
-enum class FrameKind : uint8_t { kData = 1, kAbort = 2 };
+// kBoard: "I am waiting in this collective" (a BoardEntry), sent once per collective
+// when a rank starts to sleep in it, so that peers over TCP can tell a mismatch
+// from a slow peer, as shared-memory peers do by reading each other's board.
+enum class FrameKind : uint8_t { kData = 1, kAbort = 2, kBoard = 3 };
 
 struct FrameHeader {
   uint32_t magic;
@@ -51,6 +56,9 @@ struct FrameHeader {
   uint32_t reserved2;
   uint64_t seq;  // data frames: frame number on this connection, from 0; abort frames: the next one
   SlotHeader hdr;  // data frames: what the sender's slot said
+  // Data frames: the sender's call before hdr.desc's (seq 0 if unknown), so a receiver
+  // that is a collective behind can say what the sender called in its place.
+  CollDesc before;
 };
 
 /// Why `h` must be rejected on a connection of `lane` that expects frame
@@ -72,7 +80,8 @@ struct Hello {
 };
 
 struct TcpConfig {
-  uint32_t slots = 16;  // slots per channel and direction
+  uint32_t slots = 16;              // slots per channel and direction
+  uint32_t frame_bytes = 1 << 18;   // payload bytes per slot (and frame)
 };
 
 /// Counters of one link class (all atomics: read from Python while traffic runs).
@@ -104,6 +113,13 @@ class TcpTransport {
 
   /// Sends an abort frame with `msg` to every connected peer (best effort).
   void broadcastAbort(const std::string& msg);
+  /// Sends our board entry to every connected peer (a kBoard frame).
+  void broadcastBoard(const BoardEntry& e);
+  /// Records that this rank started collective `d` (data frames carry the call before theirs).
+  void noteCall(const CollDesc& d);
+  /// The latest board entry `peer` sent, or the one of collective #seq (if recent).
+  std::optional<BoardEntry> peerBoard(int peer) const;
+  std::optional<BoardEntry> peerBoardAt(int peer, uint64_t seq) const;
   /// The abort message `peer` sent us, or "".
   std::string peerError(int peer) const;
   /// Whether a connection to `peer` failed.
@@ -140,6 +156,8 @@ class TcpTransport {
   std::vector<std::unique_ptr<Conn>> conns_;  // [peer][lane], null for local peers
   std::atomic<bool> stop_{false};
   std::thread io_;
+  mutable std::mutex calls_mu_;
+  CollDesc calls_[kBoardRows] = {};  // this rank's recent calls, by seq % kBoardRows
 };
 
 }  // namespace tilecomm::transport

@@ -12,7 +12,7 @@ Transport::Transport(int rank, int world, const ShmConfig& shm, const TcpConfig&
 Transport::~Transport() { tcp_.reset(); }
 
 uint16_t Transport::listen(const std::string& address) {
-  if (!tcp_) tcp_ = std::make_unique<TcpTransport>(rank(), world(), slotBytes(), tcp_cfg_, *shm_);
+  if (!tcp_) tcp_ = std::make_unique<TcpTransport>(rank(), world(), tcp_cfg_.frame_bytes, tcp_cfg_, *shm_);
   return tcp_->listen(address);
 }
 

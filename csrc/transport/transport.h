@@ -25,7 +25,10 @@ class Transport {
   ShmTransport& shm() { return *shm_; }
   int rank() const { return shm_->rank(); }
   int world() const { return shm_->world(); }
+  /// Payload bytes of a shared-memory slot (and a mailbox).
   uint32_t slotBytes() const { return shm_->slotBytes(); }
+  /// Payload bytes of one slice to or from `peer`: its link's slot (or TCP frame) size.
+  uint32_t slotBytes(int peer) const { return tcp(peer) ? tcp_cfg_.frame_bytes : shm_->slotBytes(); }
 
   // ---- set-up ----
   /// Starts this rank's TCP listener on `address`; returns its port.
@@ -59,6 +62,7 @@ class Transport {
   void publishBoard(const CollDesc& d) {
     shm_->publishBoard(d);
     shm_->heartbeat();
+    if (tcp_) tcp_->noteCall(d);
   }
   void heartbeat() { shm_->heartbeat(); }
   /// How long (ns) a shared-memory peer has not run a wait or a collective; nullopt over TCP.
@@ -78,9 +82,20 @@ class Transport {
   std::string deathNote(int peer) const;
   /// What a peer's board says, where it can be read (shared-memory peers).
   std::optional<BoardEntry> readBoard(int peer) const;
-  /// What a shared-memory peer called as collective #seq, if it is on its board still.
+  /// The collective a peer is in as far as we know: its board (shared memory),
+  /// or the last one it reported waiting in (TCP, see announceBoard).
+  std::optional<BoardEntry> reportedBoard(int peer) const {
+    return tcp(peer) ? tcp_->peerBoard(peer) : readBoard(peer);
+  }
+  /// What a peer called (or reported waiting in) as collective #seq, if still recent.
   std::optional<BoardEntry> readBoardAt(int peer, uint64_t seq) const {
-    return tcp(peer) ? std::nullopt : shm_->readBoardAt(peer, seq);
+    return tcp(peer) ? tcp_->peerBoardAt(peer, seq) : shm_->readBoardAt(peer, seq);
+  }
+  /// Tells peers over TCP, once per collective, that we are waiting in `d`.
+  void announceBoard(const CollDesc& d) {
+    if (!tcp_ || d.seq == announced_) return;
+    announced_ = d.seq;
+    tcp_->broadcastBoard(BoardEntry{d.seq, d});
   }
 
   struct Stats {
@@ -96,6 +111,7 @@ class Transport {
   std::unique_ptr<TcpTransport> tcp_;  // destroyed first: its thread uses shm_
   std::vector<Link> links_;
   bool all_shm_ = true;
+  uint64_t announced_ = 0;  // the last collective announceBoard reported
   LinkCounters counters_[kLinkClasses];
 };
 

@@ -108,6 +108,7 @@ def create(opts, pg_options=None):
         slots=cfg["TILECOMM_SHM_SLOTS"],
         slot_bytes=cfg["TILECOMM_SHM_SLOT_BYTES"],
         tcp_slots=cfg["TILECOMM_TCP_SLOTS"],
+        tcp_frame_bytes=cfg["TILECOMM_TCP_FRAME_BYTES"],
         spins=_spins(cfg, world),
         yields=cfg["TILECOMM_YIELDS"],
         sleep_us=cfg["TILECOMM_SLEEP_US"],

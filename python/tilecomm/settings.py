@@ -74,7 +74,13 @@ SETTINGS = [
         "TILECOMM_TCP_SLOTS",
         int,
         16,
-        "Slots (of `TILECOMM_SHM_SLOT_BYTES`) per TCP connection and direction: frames in flight to one peer.",
+        "Slots (of `TILECOMM_TCP_FRAME_BYTES`) per TCP connection and direction: frames in flight to one peer.",
+    ),
+    Setting(
+        "TILECOMM_TCP_FRAME_BYTES",
+        int,
+        262144,
+        "Payload bytes per TCP frame (and slot): messages to peers over TCP are cut into slices of this size.",
     ),
     Setting("TILECOMM_SHM_SLOTS", int, 4, "Slots per shared-memory channel (one channel per peer and lane)."),
     Setting(

@@ -120,11 +120,13 @@ DESYNC_MATRIX = _desync_matrix()
 DESYNC_TIMEOUT_S = 10
 
 
-@pytest.fixture(scope="module")
-def desync_matrix_outcomes():
-    """All of DESYNC_MATRIX in one set of 3 processes, a fresh group per mismatch (a few seconds in all)."""
+@pytest.fixture(scope="module", params=["shm", "tcp"])
+def desync_matrix_outcomes(request):
+    """All of DESYNC_MATRIX in one set of 3 processes, a fresh group per mismatch (a few seconds in all),
+    over shared memory and over TCP."""
     items = [item for _, item, _ in DESYNC_MATRIX]
-    return _ok(spawn_ranks(3, "spawn_desync_matrix", timeout=300, items=items, timeout_s=DESYNC_TIMEOUT_S))
+    env = {"TILECOMM_TRANSPORT": request.param}
+    return _ok(spawn_ranks(3, "spawn_desync_matrix", env=env, timeout=300, items=items, timeout_s=DESYNC_TIMEOUT_S))
 
 
 @pytest.mark.parametrize("i", range(len(DESYNC_MATRIX)), ids=[t for t, _, _ in DESYNC_MATRIX])

@@ -101,16 +101,20 @@ def test_late_rank_over_tcp_times_out_naming_it():
 
 @pytest.mark.parametrize("world,victim", [(2, 1), (3, 1)])
 def test_stopped_rank_over_tcp_times_out_naming_it(world, victim):
-    """SIGSTOP mid-transfer: a stopped peer keeps its connections open, so only the timeout tells."""
+    """SIGSTOP mid-transfer: a stopped peer keeps its connections open, so only the timeout tells.
+
+    (The resumed victim may still complete its call: what its peers sent before they failed sits in
+    its socket buffers. The group is failed for it from then on.)"""
     res = spawn_ranks(world, "spawn_stopped_rank", env=dict(TCP), timeout=60, victim=victim, n=3_000_001,
                       timeout_s=2)
     for o in res:
         assert o.status == "ok", o
+        if o.rank == victim:
+            continue
         err = o.result["error"]
         assert err is not None and err["is_dist_backend_error"], o.result
-        if o.rank != victim:
-            assert "timed out" in err["message"] and f"rank {victim}" in err["message"], err
-            assert o.result["elapsed"] < 2 + 3, o.result
+        assert "timed out" in err["message"] and f"rank {victim}" in err["message"], err
+        assert o.result["elapsed"] < 2 + 3, o.result
     assert not harness.shm_segments([o.pid for o in res])
 
 

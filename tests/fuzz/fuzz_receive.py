@@ -26,7 +26,8 @@ FRAME_MAGIC = 0x74636631
 DESC = struct.Struct("<QQiHBBB7x")  # CollDesc (32 bytes): seq count root algo coll dtype op, padding
 SLOT = struct.Struct("<32sQQIiQ")  # SlotHeader: desc msg_bytes offset len tag p2p_seq
 FRAME = struct.Struct("<IBBHII Q")  # FrameHeader up to the slot header
-assert DESC.size == 32 and FRAME.size + SLOT.size == _C.FRAME_HEADER_BYTES and SLOT.size == _C.SLOT_HEADER_BYTES
+assert DESC.size == 32 and SLOT.size == _C.SLOT_HEADER_BYTES
+assert FRAME.size + SLOT.size + DESC.size == _C.FRAME_HEADER_BYTES  # ... then the call before (a CollDesc)
 
 
 class Source:
@@ -70,7 +71,8 @@ def tcp_input(data: bytes) -> bytes:
         kind = src.pick(1, "B")
         n = src.pick(min(src.int("H"), SLOT_BYTES) if kind == 1 else 12, "I")
         slot = SLOT.pack(_desc(src, seq + 1), src.pick(n, "Q"), src.pick(0, "Q"), src.pick(n, "I"), 0, 0)
-        frame = FRAME.pack(src.pick(FRAME_MAGIC, "I"), kind, src.pick(0, "B"), 0, n, 0, src.pick(seq, "Q")) + slot
+        before = _desc(src, seq) if seq else bytes(DESC.size)
+        frame = FRAME.pack(src.pick(FRAME_MAGIC, "I"), kind, src.pick(0, "B"), 0, n, 0, src.pick(seq, "Q")) + slot + before
         out += frame + src.take(min(n, 4 * SLOT_BYTES))
     cut = src.int("H")
     return out[:cut] if cut % 3 == 0 else out
