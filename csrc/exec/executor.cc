@@ -44,11 +44,12 @@ std::string Executor::mismatch(const CollDesc& mine, int peer, const CollDesc& t
   // A rank that only sent in collective #k learns of a mismatch in a later call:
   // compare what both called as #k (ours from our history, a peer that is ahead
   // from its board).
-  if (theirs.seq < mine.seq && history_[theirs.seq % kHistory].seq == theirs.seq)
-    return desyncMessage(tr_.rank(), history_[theirs.seq % kHistory], peer, theirs);
+  const CollDesc& ours_then = history_[theirs.seq % kHistory];
+  if (theirs.seq < mine.seq && ours_then.seq == theirs.seq && !ours_then.sameCall(theirs))
+    return desyncMessage(tr_.rank(), ours_then, peer, theirs);
   if (theirs.seq > mine.seq)
     if (std::optional<transport::BoardEntry> then = tr_.readBoardAt(peer, mine.seq))
-      return desyncMessage(tr_.rank(), mine, peer, then->desc);
+      if (!then->desc.sameCall(mine)) return desyncMessage(tr_.rank(), mine, peer, then->desc);
   return desyncMessage(tr_.rank(), mine, peer, theirs);
 }
 
@@ -140,7 +141,7 @@ uint64_t Executor::exchangeMailbox(const CollDesc& desc, const char* data, size_
   const int me = tr_.rank(), world = tr_.world();
   if (!tr_.mailboxes()) {  // some peers are not in shared memory: exchange the pieces
     exchanged_.resize(len * world);
-    std::memcpy(exchanged_.data() + me * len, data, len);
+    if (len) std::memcpy(exchanged_.data() + me * len, data, len);
     exchange_steps_.clear();
     for (int k = 1; k < world; ++k) {
       int to = (me + k) % world, from = (me - k + world) % world;
@@ -214,9 +215,15 @@ void Executor::checkFailures(const WaitScope& scope) {
   std::string where = scope.desc ? scope.desc->describe() + " (collective #" + std::to_string(scope.desc->seq) + ")"
                                  : std::string("point-to-point ") + scope.what;
   bool any = std::find(scope.peers->begin(), scope.peers->end(), -1) != scope.peers->end();
-  int dead = any ? tr_.deadPeer(/*all=*/true) : tr_.deadPeer(false);
-  bool waited = any || std::find(scope.peers->begin(), scope.peers->end(), dead) != scope.peers->end();
-  if (dead >= 0 && waited) {
+  const int lane = scope.desc ? transport::kCollLane : transport::kP2PLane;
+  int dead = -1;
+  if (any) {
+    dead = tr_.lastPeerIfAllGone(lane);
+  } else {
+    for (int p : *scope.peers)
+      if (dead < 0 && tr_.peerGone(p, lane)) dead = p;
+  }
+  if (dead >= 0) {
     throw Error(ErrorKind::kPeerFailed, (any ? std::string("every other rank is gone; the last seen: ") : std::string()) +
                                             tr_.deathNote(dead) + " while rank " + std::to_string(me) +
                                             " was waiting for it in " + where);
@@ -251,14 +258,14 @@ std::string Executor::timeoutMessage(const WaitScope& scope, const std::string& 
     if (!behind.empty()) return msg + behind;
     // Ranks inside this collective that stopped running (SIGSTOP, a debugger,
     // starved of CPU) hold up their neighbours, and through them us.
-    std::string stalled;
+    const int64_t stalled_ns = std::max<int64_t>(1000000000, 50 * wc_.sleep_us * 1000);
     for (int r = 0; r < tr_.world(); ++r) {
-      std::optional<int64_t> idle = r == me ? std::nullopt : tr_.idleNs(r);
-      if (idle && *idle > kStalledNs)
-        stalled += "; rank " + std::to_string(r) + " is in it but has not run for " +
-                   std::to_string(*idle / 1000000) + " ms (stopped or starved of CPU)";
+      std::optional<transport::BoardEntry> b = r == me ? std::nullopt : tr_.readBoard(r);
+      std::optional<int64_t> idle = b && b->seq == scope.desc->seq ? tr_.idleNs(r) : std::nullopt;
+      if (idle && *idle > stalled_ns)
+        msg += "; rank " + std::to_string(r) + " is in it but has not run for " + std::to_string(*idle / 1000000) +
+               " ms (stopped or starved of CPU);";
     }
-    if (!stalled.empty()) return msg + stalled;
   }
   std::vector<int> peers = *scope.peers;
   std::sort(peers.begin(), peers.end());

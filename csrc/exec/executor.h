@@ -120,7 +120,6 @@ class Executor {
   std::vector<char> exchanged_;  // the pieces of an exchange round (no mailboxes), rank r's at r * len
   std::vector<Step> exchange_steps_;
   static constexpr size_t kHistory = 64;
-  static constexpr int64_t kStalledNs = 1000000000;  // a waiting rank records liveness every sleep (<= 20 ms)
   CollDesc history_[kHistory];  // our recent calls, by sequence number
   std::atomic<bool> stop_{false};
 };

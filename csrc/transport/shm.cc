@@ -320,21 +320,24 @@ void ShmTransport::publishBoard(const CollDesc& d) {
 
 std::optional<BoardEntry> ShmTransport::readBoardAt(int peer, uint64_t seq) const {
   SegHeader::Row& row = header(peer)->board[seq % kBoardRows];
-  for (;;) {
+  // NOTE: bounded: a peer stopped (or killed) inside publishBoard leaves the row odd.
+  for (int tries = 0; tries < 100000; ++tries) {
     uint64_t v1 = row.version.load(std::memory_order_acquire);
     BoardEntry e{row.seq, row.desc};
     std::atomic_thread_fence(std::memory_order_acquire);
     if (v1 % 2 == 0 && row.version.load(std::memory_order_relaxed) == v1)
       return e.seq == seq ? std::optional<BoardEntry>(e) : std::nullopt;
   }
+  return std::nullopt;
 }
 
 BoardEntry ShmTransport::readBoard(int peer) const {
-  for (;;) {
+  for (int tries = 0; tries < 100; ++tries) {
     uint64_t latest = header(peer)->board_latest.load(std::memory_order_acquire);
-    if (latest == 0) return BoardEntry{0, CollDesc{}};
+    if (latest == 0) break;
     if (std::optional<BoardEntry> e = readBoardAt(peer, latest)) return *e;  // else overwritten meanwhile: again
   }
+  return BoardEntry{0, CollDesc{}};
 }
 
 }  // namespace transport

@@ -8,7 +8,9 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/epoll.h>
+#include <linux/sockios.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -152,6 +154,7 @@ struct TcpTransport::Conn {
   char control_in[kAbortBytes];
   // state
   std::atomic<bool> dead{false};
+  bool closed = false;  // dead by a clean end of stream between frames (guarded by mu)
   mutable std::mutex mu;  // guards why, abort_text, boards
   std::string why;
   std::string abort_text;
@@ -167,11 +170,18 @@ TcpTransport::TcpTransport(int rank, int world, uint32_t slot_bytes, const TcpCo
 }
 
 TcpTransport::~TcpTransport() {
-  // What we committed is flushed before the sockets close (bounded: a peer
-  // that stopped reading gets its connection closed under it).
+  // NOTE: closing a socket that has unread input resets the connection, and a
+  // reset drops what the peer has not yet received. So: everything committed
+  // goes onto the sockets, then FIN, then we wait until the peer's kernel has
+  // acknowledged every byte (reading and discarding what still comes in), and
+  // only then close. Bounded: a peer that stopped reading gets a reset.
   Clock::time_point until = Clock::now() + std::chrono::seconds(5);
+  auto flushed = [](Conn& c) {
+    std::lock_guard<std::mutex> lk(c.tx_mu);
+    return c.written.load() == c.committed.load() && c.tx_total == 0 && c.control.empty();
+  };
   for (auto& c : conns_) {
-    while (c && !c->dead.load() && c->written.load() < c->committed.load() && Clock::now() < until)
+    while (c && !c->dead.load() && !flushed(*c) && Clock::now() < until)
       std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   stop_.store(true);
@@ -179,9 +189,19 @@ TcpTransport::~TcpTransport() {
     wakeIo();
     io_.join();
   }
+  for (auto& c : conns_)
+    if (c) shutdown(c->fd, SHUT_WR);
+  char sink[4096];
   for (auto& c : conns_) {
     if (!c) continue;
-    shutdown(c->fd, SHUT_WR);
+    int unacked = 0;
+    while (!c->dead.load() && ioctl(c->fd, SIOCOUTQ, &unacked) == 0 && unacked > 0 && Clock::now() < until) {
+      while (recv(c->fd, sink, sizeof(sink), MSG_DONTWAIT) > 0) {
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    while (recv(c->fd, sink, sizeof(sink), MSG_DONTWAIT) > 0) {
+    }
     close(c->fd);
   }
   if (listen_fd_ >= 0) close(listen_fd_);
@@ -490,7 +510,7 @@ bool TcpTransport::readFrames(Conn& c) {
     if (want > 0) {
       ssize_t r = recv(c.fd, dst, want, MSG_DONTWAIT);
       if (r == 0) {
-        fail(c, peerName(c.peer) + " closed the connection");
+        fail(c, peerName(c.peer) + " closed the connection", c.rx_got == 0);  // mid-frame: truncated
         return true;
       }
       if (r < 0) {
@@ -522,9 +542,11 @@ bool TcpTransport::readFrames(Conn& c) {
     } else if (c.rx_fh.kind == FrameKind::kBoard) {
       BoardEntry e;
       std::memcpy(&e, c.control_in, sizeof(e));
-      std::lock_guard<std::mutex> lk(c.mu);
-      c.boards[e.seq % kBoardRows] = e;
-      c.board_latest = std::max(c.board_latest, e.seq);
+      if (e.seq != 0 && e.seq == e.desc.seq) {  // else ignored: it names nothing
+        std::lock_guard<std::mutex> lk(c.mu);
+        c.boards[e.seq % kBoardRows] = e;
+        c.board_latest = e.seq;
+      }
     } else {
       {
         std::lock_guard<std::mutex> lk(c.mu);
@@ -538,14 +560,17 @@ bool TcpTransport::readFrames(Conn& c) {
   return moved;
 }
 
-void TcpTransport::fail(Conn& c, const std::string& why) {
+void TcpTransport::fail(Conn& c, const std::string& why, bool closed) {
   {
     std::lock_guard<std::mutex> lk(c.mu);
     if (c.dead.load()) return;
     c.why = why;
+    c.closed = closed;
     c.dead.store(true, std::memory_order_release);
   }
   if (epoll_fd_ >= 0) epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c.fd, nullptr);
+  // The peer learns at once (a reset) when the stream broke; a clean close stays clean.
+  if (!closed) shutdown(c.fd, SHUT_RDWR);
   shm_.ringSelf();
 }
 
@@ -624,8 +649,12 @@ std::string TcpTransport::peerError(int peer) const {
   return c.abort_text.empty() ? "(no message)" : c.abort_text;
 }
 
-bool TcpTransport::peerDead(int peer) const {
-  return conn(kCollLane, peer).dead.load() || conn(kP2PLane, peer).dead.load();
+bool TcpTransport::peerDead(int peer, int lane) const {
+  const Conn& c = conn(lane, peer);
+  if (!c.dead.load(std::memory_order_acquire)) return false;
+  std::lock_guard<std::mutex> lk(c.mu);
+  // A clean close after the peer's last frame is not a failure until those frames are consumed.
+  return !c.closed || c.ready.load(std::memory_order_acquire) == c.next;
 }
 
 std::string TcpTransport::failure(int peer) const {

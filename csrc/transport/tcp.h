@@ -80,7 +80,7 @@ struct Hello {
 };
 
 struct TcpConfig {
-  uint32_t slots = 16;              // slots per channel and direction
+  uint32_t slots = 8;               // slots per channel and direction
   uint32_t frame_bytes = 1 << 18;   // payload bytes per slot (and frame)
 };
 
@@ -122,8 +122,9 @@ class TcpTransport {
   std::optional<BoardEntry> peerBoardAt(int peer, uint64_t seq) const;
   /// The abort message `peer` sent us, or "".
   std::string peerError(int peer) const;
-  /// Whether a connection to `peer` failed.
-  bool peerDead(int peer) const;
+  /// Whether `peer` is gone for a waiter on `lane`: its connection failed, or
+  /// closed cleanly and every frame it sent before has been consumed.
+  bool peerDead(int peer, int lane) const;
   /// Why the connection to `peer` failed.
   std::string failure(int peer) const;
 
@@ -139,7 +140,7 @@ class TcpTransport {
   const Conn& conn(int lane, int peer) const { return *conns_[peer * kNumLanes + lane]; }
   bool flush(Conn& c);  // with c.tx_mu held; false once the socket is full
   bool readFrames(Conn& c);
-  void fail(Conn& c, const std::string& why);
+  void fail(Conn& c, const std::string& why, bool closed = false);
   void ioLoop();
   void wakeIo();
   Slot* ringSlot(std::vector<char>& ring, uint64_t k) const;

@@ -71,14 +71,16 @@ void Transport::broadcastAbort(const std::string& msg) {
   if (tcp_) tcp_->broadcastAbort(msg);
 }
 
-int Transport::deadPeer(bool all) const {
+bool Transport::peerGone(int peer, int lane) const {
+  return tcp(peer) ? tcp_->peerDead(peer, lane) : shm_->peerDead(peer);
+}
+
+int Transport::lastPeerIfAllGone(int lane) const {
   int found = -1;
   for (int r = 0; r < world(); ++r) {
     if (r == rank()) continue;
-    bool dead = tcp(r) ? tcp_->peerDead(r) : shm_->peerDead(r);
-    if (dead && !all) return r;
-    if (!dead && all) return -1;
-    if (dead) found = r;
+    if (!peerGone(r, lane)) return -1;
+    found = r;
   }
   return found;
 }

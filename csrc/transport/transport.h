@@ -75,9 +75,11 @@ class Transport {
   int abortedBy() const { return shm_->abortedBy(); }
   std::string peerError(int peer) const { return tcp(peer) ? tcp_->peerError(peer) : shm_->peerError(peer); }
   void broadcastAbort(const std::string& msg);
-  /// First peer that is gone (process exited or connection failed), or -1.
-  /// With all=true: the last one, and only when every peer is gone.
-  int deadPeer(bool all) const;
+  /// Whether a waiter on `lane` will hear no more from `peer` (its process
+  /// exited, or its connection failed or closed after everything it sent was read).
+  bool peerGone(int peer, int lane) const;
+  /// The last peer when every peer is gone, else -1.
+  int lastPeerIfAllGone(int lane) const;
   /// "rank 3 (pid 123) exited" or "the connection to rank 3 failed: ...".
   std::string deathNote(int peer) const;
   /// What a peer's board says, where it can be read (shared-memory peers).

@@ -14,6 +14,7 @@ import logging
 import os
 import secrets
 import socket
+import time
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -46,7 +47,17 @@ def _agree(store, key, rank, make):
         value = make()
         store.set(key, json.dumps(value))
         return value
-    return json.loads(store.get(key).decode())
+    value = json.loads(store.get(key).decode())
+    store.add(key + "/read", 1)
+    return value
+
+
+def _until_read(store, key, world, seconds=10.0):
+    """Waits (bounded) until every other rank has read rank 0's `key`: a rank 0 that raises
+    next may take the Store down with its process."""
+    deadline = time.monotonic() + seconds
+    while store.add(key + "/read", 0) < world - 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def _spins(cfg, world):
@@ -97,6 +108,7 @@ def create(opts, pg_options=None):
         agreed = _agree(store, pre + "config", rank, make_config)
     except ValueError as e:  # rank 0's bad setting; tell the others before raising
         store.set(pre + "config", json.dumps({"error": str(e)}))
+        _until_read(store, pre + "config", world)
         raise
     if "error" in agreed:
         raise ValueError(agreed["error"])

@@ -73,7 +73,7 @@ SETTINGS = [
     Setting(
         "TILECOMM_TCP_SLOTS",
         int,
-        16,
+        8,
         "Slots (of `TILECOMM_TCP_FRAME_BYTES`) per TCP connection and direction: frames in flight to one peer.",
     ),
     Setting(

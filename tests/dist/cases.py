@@ -2191,3 +2191,17 @@ def link_traffic(rank, world, gloo, algos=("ring", "hierarchical"), n=1 << 18):
         dist.destroy_process_group(group)
     os.environ.pop("TILECOMM_ALGO", None)
     return out
+
+
+def spawn_send_then_leave(rank, world, port, n=16_000_000, timeout_s=30, delay_s=1.0):
+    """Rank 0 broadcasts a large buffer and leaves at once (destroy_process_group); the others
+    start receiving only later: everything rank 0 sent must still arrive, and a clean close is
+    no failure while its data is being read."""
+    _init(rank, world, port, timeout_s)
+    x = torch.arange(n, dtype=torch.float32) if rank == 0 else torch.zeros(n)
+    if rank != 0:
+        time.sleep(delay_s)
+    dist.broadcast(x, src=0)
+    ok = bool(torch.equal(x, torch.arange(n, dtype=torch.float32)))
+    dist.destroy_process_group()
+    return ok

@@ -129,3 +129,10 @@ def test_recovery_after_a_killed_rank_over_tcp():
         assert res["error"] is not None and "rank 1" in res["error"]["message"], res
         assert res["destroy_s"] < 3 and res["segments"] == [], res
         assert res["sum_ok"] and res["gathered"] == [[0] * 3, [1] * 3], res
+
+
+def test_a_rank_that_leaves_right_after_sending_delivers_everything():
+    """The sender's teardown flushes and waits for the peer's acknowledgements before closing, and the
+    receiver does not take the clean close for a failure while frames are still to be read."""
+    res = spawn_ranks(2, "spawn_send_then_leave", env=dict(TCP), timeout=90)
+    assert [(o.status, o.result) for o in res] == [("ok", True), ("ok", True)], res
