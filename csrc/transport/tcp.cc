@@ -105,6 +105,8 @@ std::string checkFrame(const FrameHeader& h, int lane, uint64_t expected_seq, ui
   if (h.lane != lane) return "frame for lane " + std::to_string(h.lane) + " on lane " + std::to_string(lane);
   if (h.seq != expected_seq)
     return "frame #" + std::to_string(h.seq) + " where #" + std::to_string(expected_seq) + " was due";
+  if (h.kind != FrameKind::kData && lane != kCollLane)
+    return "control frame (kind " + std::to_string(static_cast<int>(h.kind)) + ") on the point-to-point lane";
   if (h.kind == FrameKind::kAbort) {
     if (h.len > kAbortBytes) return "abort frame of " + std::to_string(h.len) + " bytes";
     return "";

@@ -104,8 +104,11 @@ def _frame(kind=1, lane=0, length=8, seq=0, msg=8, off=0, slot_len=None, magic=F
         (_frame(slot_len=7), "slot header"),
         (_frame(msg=8, off=4), "outside"),
         (_frame(kind=2, length=5000), "abort frame"),
+        (_frame(kind=3, length=7), "board frame"),
+        (_frame(kind=2, lane=1, length=8), "point-to-point lane"),
     ],
 )
 def test_frame_headers_are_checked(frame, why):
-    got = _C.check_frame(frame, 0, 0, SLOT_BYTES)
+    lane = 1 if "point-to-point" in why else 0
+    got = _C.check_frame(frame, lane, 0, SLOT_BYTES)
     assert (got == "") if not why else (why in got), got
