@@ -129,15 +129,6 @@ class CostTerms:
     remote_wire: float = 0.0
 
 
-def inter_host_wire(schedule: Schedule, layout) -> float:
-    """Bytes the busiest rank sends to other hosts, per byte of buffer (layout[r]: rank r's host)."""
-    worst = 0.0
-    for r, rounds in enumerate(schedule.ranks):
-        sent = sum(op.hi - op.lo for rnd in rounds for op in rnd if op.kind == SEND and layout[op.peer] != layout[r])
-        worst = max(worst, sent / schedule.nchunks)
-    return worst
-
-
 def critical_path(schedule: Schedule, remote=None) -> tuple[int, int]:
     """Message latencies on the longest chain of dependent messages, and how
     many of them cross a remote link (``remote(i, j)``; of the chains of that
