@@ -6,10 +6,15 @@ Needs a CUDA build of tilecomm and, with several ranks on one GPU, the MPS
 daemon (see scripts/gpu-latency). For every size it times, on one GPU shared
 by the ranks:
 
-- tilecomm float32 sum all_reduce with TILECOMM_PROTO = ll and simple (one
-  group each; simple runs one_shot below TILECOMM_CUDA_TWO_SHOT_BYTES, then
-  two_shot), and all_gather_into_tensor (bytes are per rank; simple is the
-  staged path, which cannot be captured);
+- tilecomm float32 sum all_reduce in one group per entry: `ll` (the LL kernel,
+  TILECOMM_PROTO=ll), `one_shot` and `two_shot` (that simple kernel), `auto`
+  (what the selector's CUDA model picks), each over the cuda_ipc transport (GPU
+  memory) and, as `hm_<entry>`, over host_mapped (shared host memory registered
+  with the GPU, the PCIe path); and all_gather_into_tensor (bytes are per rank)
+  in the entries whose all_gather can run as a kernel (`ll`, `auto`; above the
+  LL limit it is staged, which cannot be captured). Each record names, per
+  entry, the kernel that ran (`kernels`) and the peer memory (`memory`), which
+  `python -m tilecomm.tune --cuda-from` fits the CUDA model to;
 - SymmetricMemory `one_shot_all_reduce` (TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES=1).
 
 Each path twice: "eager", a loop of back-to-back calls between two CUDA events
@@ -32,8 +37,17 @@ import torch.distributed as dist
 from gpu_compare import symmetric_memory  # noqa: E402  (benchmarks/ is the script's directory)
 from tilecomm import launch
 from tilecomm.bench import parse_size, sizes
+from tilecomm.cuda_model import LL_MAX_BYTES
 
-PROTOS = ["ll", "simple"]
+# entry name -> the group's TILECOMM_* settings; "hm_<name>": the same over host_mapped
+_BASE = {
+    "ll": {"TILECOMM_PROTO": "ll"},
+    "one_shot": {"TILECOMM_PROTO": "simple", "TILECOMM_CUDA_ALLREDUCE": "one_shot"},
+    "two_shot": {"TILECOMM_PROTO": "simple", "TILECOMM_CUDA_ALLREDUCE": "two_shot"},
+    "auto": {},
+}
+GROUPS = {**_BASE, **{f"hm_{k}": {**v, "TILECOMM_TRANSPORT": "host_mapped"} for k, v in _BASE.items()}}
+GATHER = ("ll", "auto")  # entries whose all_gather runs as a kernel (else it is staged)
 
 
 def _per_call(run, calls, reps, barrier):
@@ -93,10 +107,13 @@ def _rank(rank, world, args):
     dist.init_process_group("tilecomm", rank=rank, world_size=world)
     gloo = dist.new_group(backend="gloo")
     groups = {}
-    for proto in PROTOS:
-        os.environ["TILECOMM_PROTO"] = proto  # rank 0's value is read at group creation
-        groups[proto] = dist.new_group(backend="tilecomm")
-    os.environ.pop("TILECOMM_PROTO")
+    for name, env in GROUPS.items():
+        if args.groups and name not in args.groups.split(","):
+            continue
+        os.environ.update(env)  # rank 0's values are read at group creation
+        groups[name] = dist.new_group(backend="tilecomm")
+        for k in env:
+            os.environ.pop(k)
 
     symm = symmetric_memory(gloo, rank)
 
@@ -104,20 +121,33 @@ def _rank(rank, world, args):
         dist.barrier(group=gloo)
 
     calls, reps = args.calls, args.reps
+    eager_names = args.eager.split(",") if args.eager else list(GROUPS)
+
+    def eager(name):
+        return name in eager_names
+
     out = open(args.jsonl, "a") if (args.jsonl and rank == 0) else None
     for nbytes in grid:
         n = max(1, nbytes // 4)
         row = {}
         x = torch.zeros(n, device=dev)  # sums stay zero however often they run
         gout = torch.empty(world * n, device=dev)
-        for proto, g in groups.items():
+        kernels, memory = {}, {}
+        for name, g in groups.items():
+            be = g._get_backend(torch.device("cuda"))
             ar = lambda g=g: dist.all_reduce(x, group=g)  # noqa: E731
             ag = lambda g=g: dist.all_gather_into_tensor(gout, x, group=g)  # noqa: E731
-            row[f"all_reduce:{proto}:eager"] = _try(lambda: _eager(ar, calls, reps, barrier))
-            row[f"all_reduce:{proto}:graph"] = _try(lambda: _graph(ar, calls, reps, barrier))
-            row[f"all_gather:{proto}:eager"] = _try(lambda: _eager(ag, calls, reps, barrier))
-            if proto == "ll":  # the staged path cannot be captured
-                row[f"all_gather:{proto}:graph"] = _try(lambda: _graph(ag, calls, reps, barrier))
+            if eager(name):
+                row[f"all_reduce:{name}:eager"] = _try(lambda: _eager(ar, calls, reps, barrier))
+            row[f"all_reduce:{name}:graph"] = _try(lambda: _graph(ar, calls, reps, barrier))
+            kernels[f"all_reduce:{name}"] = be.cuda_last_kernel() or "staged"
+            memory[name] = be.cuda_topology()["transport"]
+            if name.removeprefix("hm_") in GATHER:
+                if eager(name):
+                    row[f"all_gather:{name}:eager"] = _try(lambda: _eager(ag, calls, reps, barrier))
+                if nbytes <= LL_MAX_BYTES:  # larger ones are staged, which cannot be captured
+                    row[f"all_gather:{name}:graph"] = _try(lambda: _graph(ag, calls, reps, barrier))
+                kernels[f"all_gather:{name}"] = be.cuda_last_kernel() or "staged"
         if symm is not None:
             try:
                 buf = symm.empty(n, dtype=torch.float32, device=dev)
@@ -140,7 +170,7 @@ def _rank(rank, world, args):
             cells = [f"{k}={v * 1e6:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(row.items())]
             print(f"world={world} bytes={nbytes} " + " ".join(cells), flush=True)
             if out:
-                rec = dict(world=world, bytes=nbytes, calls=calls, reps=reps)
+                rec = dict(world=world, bytes=nbytes, calls=calls, reps=reps, kernels=kernels, memory=memory)
                 rec.update({k: (v * 1e6 if isinstance(v, float) else v) for k, v in row.items()})
                 out.write(json.dumps(rec) + "\n")
                 out.flush()
@@ -162,6 +192,8 @@ def main():
     ap.add_argument("-f", "--stepfactor", type=int, default=2)
     ap.add_argument("--calls", type=int, default=50, help="calls per timed loop (and per captured graph)")
     ap.add_argument("--reps", type=int, default=5, help="timed loops per entry (median)")
+    ap.add_argument("--groups", default="", help="entries to run, comma-separated (default: " + ",".join(GROUPS) + ")")
+    ap.add_argument("--eager", default="", help="entries also timed eagerly, comma-separated (default: all)")
     ap.add_argument("--jsonl", default="")
     args = ap.parse_args()
     if not torch.cuda.is_available():

@@ -5,6 +5,8 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 
 #include "common/error.h"
 
@@ -20,6 +22,14 @@ at::Tensor pinnedLike(const at::Tensor& t) {
 }
 
 }  // namespace
+
+std::string canonicalBusId(const std::string& id) {
+  unsigned dom = 0, bus = 0, dev = 0, fn = 0;
+  if (std::sscanf(id.c_str(), "%x:%x:%x.%x", &dom, &bus, &dev, &fn) != 4) return "";
+  char out[32];
+  std::snprintf(out, sizeof(out), "%04x:%02x:%02x.%x", dom, bus, dev, fn);
+  return out;
+}
 
 // ---------------------------------------------------------------- CudaOp
 
@@ -48,12 +58,13 @@ void CudaOp::run(const std::vector<at::Tensor>& tensors, const std::function<voi
 // ---------------------------------------------------------------- CudaGroup
 
 CudaGroup::CudaGroup(int rank, int world, c10::intrusive_ptr<c10d::Store> store, std::string prefix,
-                     CudaSettings settings)
+                     CudaSettings settings, PeerWatch watch)
     : rank_(rank),
       world_(world),
       store_(std::move(store)),
       prefix_(std::move(prefix)),
-      settings_(std::move(settings)) {}
+      settings_(std::move(settings)),
+      watch_(std::move(watch)) {}
 
 CudaGroup::~CudaGroup() {
   if (!raw_stream_) return;
@@ -65,7 +76,20 @@ CudaGroup::~CudaGroup() {
   cudaStreamSynchronize(raw_stream_);
   // NOTE: a peer may still be reading our staging buffers in its last direct kernel; wait
   // (bounded: a dead peer reads nothing) until each says it is done, then free them.
+  if (ipc_ && watch_) {  // a peer that died since the watchdog last looked is not waited for
+    std::string note;
+    int dead = watch_(note);
+    if (dead >= 0) ipc_->peerDied(dead, note);
+  }
   if (ipc_) ipc_->drain(std::min<int64_t>(settings_.timeout_ms, 10000));
+  if (watcher_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lk(watch_mu_);
+      watch_stop_ = true;
+    }
+    watch_cv_.notify_all();
+    watcher_.join();
+  }
   ipc_.reset();
   cudaSetDevice(prev);
 }
@@ -93,69 +117,147 @@ std::shared_ptr<CudaOp> CudaGroup::begin(const c10::Device& device) {
   return op;
 }
 
+namespace {
+constexpr int kLastAllGatherLL = 100;  // last_kernel_ after an LL all_gather
+}  // namespace
+
 uint64_t CudaGroup::llLimit() const {
   if (settings_.proto == "simple" || settings_.ipc_bytes == 0) return 0;
-  return settings_.proto == "ll" ? cuda::kLLMaxBytes : std::min(settings_.ll_bytes, cuda::kLLMaxBytes);
+  if (settings_.proto == "ll") return cuda::kLLMaxBytes;
+  return std::min(std::max(settings_.ll_bytes[0], settings_.ll_bytes[1]), cuda::kLLMaxBytes);
 }
 
-std::optional<cuda::DirectAlgo> CudaGroup::directFor(uint64_t nbytes, DType dtype, RedOp op) const {
+bool CudaGroup::directEligible(uint64_t nbytes, DType dtype, RedOp op) const {
+  if (settings_.allreduce == "staged" || nbytes == 0 || world_ > cuda::kMaxRanks || !cuda::directSupports(dtype, op))
+    return false;
+  // Larger than the staging buffers: the simple kernels run once per buffer-sized piece.
+  return nbytes <= llLimit() || settings_.ipc_bytes > 0;
+}
+
+cuda::DirectAlgo CudaGroup::allReduceAlgo(uint64_t nbytes) const {
+  const int m = static_cast<int>(ipc_->memory());
+  const uint64_t ll = settings_.proto == "auto" ? std::min(settings_.ll_bytes[m], llLimit()) : llLimit();
+  if (nbytes <= ll) return cuda::DirectAlgo::kOneShotLL;
   const std::string& a = settings_.allreduce;
-  if (a == "staged" || nbytes == 0 || world_ > cuda::kMaxRanks || !cuda::directSupports(dtype, op))
-    return std::nullopt;
-  if (nbytes <= llLimit()) return cuda::DirectAlgo::kOneShotLL;
-  if (settings_.ipc_bytes == 0) return std::nullopt;
-  // Larger than the staging buffers: the kernel runs once per buffer-sized piece.
   if (a == "one_shot") return cuda::DirectAlgo::kOneShot;
   if (a == "two_shot") return cuda::DirectAlgo::kTwoShot;
-  return nbytes < settings_.two_shot_bytes ? cuda::DirectAlgo::kOneShot : cuda::DirectAlgo::kTwoShot;
+  return nbytes < settings_.two_shot_bytes[m] ? cuda::DirectAlgo::kOneShot : cuda::DirectAlgo::kTwoShot;
 }
 
 bool CudaGroup::allGatherLL(uint64_t nbytes) const {
   return nbytes > 0 && nbytes <= llLimit() && world_ <= cuda::kMaxRanks;
 }
 
+std::string CudaGroup::lastKernel() const {  // "" after a staged operation
+  switch (last_kernel_.load()) {
+    case static_cast<int>(cuda::DirectAlgo::kOneShot): return "allreduce_one_shot";
+    case static_cast<int>(cuda::DirectAlgo::kTwoShot): return "allreduce_two_shot";
+    case static_cast<int>(cuda::DirectAlgo::kOneShotLL): return "allreduce_one_shot_ll";
+    case kLastAllGatherLL: return "allgather_direct_ll";
+    default: return "";
+  }
+}
+
 bool CudaGroup::directReady(const CudaOp& op) {
   if (op.captured && ipc_state_ == Ipc::kUnset)
     throw Error(ErrorKind::kInvalid,
                 "the group's first direct CUDA collective cannot be captured in a CUDA graph (it sets up the "
-                "cuda_ipc transport): run one all_reduce or all_gather on CUDA tensors before capturing");
+                "peer transport): run one all_reduce or all_gather on CUDA tensors before capturing");
   if (ipc_state_ == Ipc::kUnset) ipc_state_ = setUpIpc() ? Ipc::kOn : Ipc::kOff;
+  if (ipc_state_ == Ipc::kOn) {  // Note [GPU watchdog]: launch nothing that would write to a dead peer
+    const std::string dead = ipc_->deathNote();
+    if (!dead.empty())
+      throw Error(ErrorKind::kPeerFailed, "rank " + std::to_string(rank_) +
+                                              " launches no more direct kernels on the GPU: " + dead);
+  }
   if (op.captured && ipc_state_ != Ipc::kOn)
-    throw Error(ErrorKind::kInvalid, "cannot capture this collective in a CUDA graph: the cuda_ipc transport is "
+    throw Error(ErrorKind::kInvalid, "cannot capture this collective in a CUDA graph: the peer transport is "
                                      "off (" + ipc_why_ + "), so it would be staged through host memory");
   return ipc_state_ == Ipc::kOn;
 }
 
 bool CudaGroup::setUpIpc() {
-  // NOTE: every rank gets here in the same task (the first direct-eligible all_reduce,
-  // Note [Issue order]), so the Store exchange cannot mismatch.
+  // NOTE: every rank gets here in the same task (the first direct-eligible call,
+  // Note [Issue order]), so the Store exchanges cannot mismatch.
+  const std::string key = prefix_ + "cuda_peers/";
+  char bus[32] = {0};
+  const std::string mine =
+      cudaDeviceGetPCIBusId(bus, sizeof(bus), device_->index()) == cudaSuccess ? canonicalBusId(bus) : "";
+  store_->set(key + "device/" + std::to_string(rank_), toBytes(mine));
+  topo_.devices.clear();
+  for (int r = 0; r < world_; ++r) topo_.devices.push_back(fromBytes(store_->get(key + "device/" + std::to_string(r))));
+  bool no_peer_access = false;
+  topo_.links.assign(world_, std::vector<std::string>(world_));
+  for (int r = 0; r < world_; ++r) {
+    for (int q = 0; q < world_; ++q) {
+      const std::string &a = topo_.devices[r], &b = topo_.devices[q];
+      std::string link = r == q ? "self" : a.empty() || b.empty() ? "unknown" : a == b ? "same_gpu" : "unknown";
+      auto it = settings_.gpu_links.find(a + " " + b);
+      if (link == "unknown" && it != settings_.gpu_links.end()) link = it->second;
+      no_peer_access |= link == "none";
+      topo_.links[r][q] = link;
+    }
+  }
+  // cuda_ipc first unless forced off or a pair has no peer access; host_mapped needs only the host.
+  std::vector<cuda::PeerMemory> kinds;
+  if (settings_.transport != "host_mapped" && !no_peer_access) kinds.push_back(cuda::PeerMemory::kCudaIpc);
+  kinds.push_back(cuda::PeerMemory::kHostMapped);
+  for (cuda::PeerMemory m : kinds) {
+    if (!tryMemory(m)) continue;
+    topo_.transport = cuda::peerMemoryName(m);
+    if (watch_) watcher_ = std::thread([this] { watchLoop(); });
+    return true;
+  }
+  topo_.transport = "staged";
+  return false;
+}
+
+bool CudaGroup::tryMemory(cuda::PeerMemory m) {
   std::string why, mine;
   try {
-    ipc_ = std::make_shared<cuda::IpcTransport>(rank_, world_, device_->index(), settings_.ipc_bytes, llLimit(),
-                                                raw_stream_);
+    ipc_ = std::make_shared<cuda::PeerTransport>(m, rank_, world_, device_->index(), settings_.ipc_bytes, llLimit(),
+                                                 raw_stream_);
     mine = ipc_->exportHandle();
   } catch (const std::exception& e) {
     why = e.what();
   }
-  const std::string key = prefix_ + "cuda_ipc/";
+  const std::string key = prefix_ + "cuda_peers/" + cuda::peerMemoryName(m) + "/";
   store_->set(key + "handle/" + std::to_string(rank_), toBytes(mine));
   std::vector<std::string> handles;
   for (int r = 0; r < world_; ++r) handles.push_back(fromBytes(store_->get(key + "handle/" + std::to_string(r))));
   if (why.empty()) why = ipc_->open(handles);
   store_->set(key + "ok/" + std::to_string(rank_), toBytes(why.empty() ? "ok" : why));
+  std::string failed;
   for (int r = 0; r < world_; ++r) {
     std::string v = fromBytes(store_->get(key + "ok/" + std::to_string(r)));
-    if (v != "ok" && ipc_why_.empty()) ipc_why_ = "rank " + std::to_string(r) + ": " + v;
+    if (v != "ok" && failed.empty()) failed = "rank " + std::to_string(r) + ": " + v;
   }
-  if (!ipc_why_.empty()) {
+  if (!failed.empty()) {
+    ipc_why_ += std::string(ipc_why_.empty() ? "" : "; ") + cuda::peerMemoryName(m) + ": " + failed;
     ipc_.reset();
     return false;
   }
+  ipc_->unlinkOwn();  // every peer has opened it
   return true;
 }
 
-void CudaGroup::allReduceDirect(CudaOp& op, cuda::DirectAlgo algo, at::Tensor& t, DType dtype, RedOp rop,
-                                int64_t timeout_ms) {
+void CudaGroup::watchLoop() {
+  std::unique_lock<std::mutex> lk(watch_mu_);
+  while (!watch_stop_) {
+    watch_cv_.wait_for(lk, std::chrono::milliseconds(20));
+    if (watch_stop_) return;
+    std::string note;
+    int dead = watch_(note);
+    if (dead >= 0) {
+      ipc_->peerDied(dead, note);
+      return;
+    }
+  }
+}
+
+void CudaGroup::allReduceDirect(CudaOp& op, at::Tensor& t, DType dtype, RedOp rop, int64_t timeout_ms) {
+  const cuda::DirectAlgo algo = allReduceAlgo(t.nbytes());
+  last_kernel_ = static_cast<int>(algo);
   uint64_t timeout_ns = static_cast<uint64_t>(timeout_ms) * 1000000ull;
   // Pieces of at most one staging buffer, cut at 256-byte boundaries (every dtype's
   // elements and the kernels' vector loads stay aligned); each is an all_reduce of its own.
@@ -173,6 +275,7 @@ void CudaGroup::allGatherDirect(CudaOp& op, const at::Tensor& in, const std::vec
   std::vector<void*> out;
   for (const at::Tensor& t : outs) out.push_back(t.data_ptr());
   uint64_t timeout_ns = static_cast<uint64_t>(timeout_ms) * 1000000ull;
+  last_kernel_ = kLastAllGatherLL;
   op.direct_launch = cuda::allGatherDirectLL(*ipc_, in.data_ptr(), out.data(), in.nbytes(), op.stream.stream(),
                                              timeout_ns);
   op.ipc = ipc_;
@@ -180,6 +283,7 @@ void CudaGroup::allGatherDirect(CudaOp& op, const at::Tensor& in, const std::vec
 
 void CudaGroup::runStaged(const std::vector<at::Tensor>& reads, const std::vector<at::Tensor>& writes,
                           const std::function<void(const Host&)>& body) {
+  last_kernel_ = -1;
   Host host;
   auto twin = [&](const at::Tensor& t, bool read) {
     if (!t.is_cuda() || host.has(t)) return;
@@ -203,11 +307,19 @@ std::string CudaGroup::failure() const {
 std::string CudaGroup::status() const {
   // NOTE: plain strings, no iostreams: some toolchains link a private libstdc++ into the
   // extension, whose stream facets then clash with the process's locale.
+  auto pair = [](const uint64_t (&v)[2]) { return std::to_string(v[0]) + "/" + std::to_string(v[1]); };
   return "device=" + (device_ ? device_->str() : std::string("unbound")) + " allreduce=" + settings_.allreduce +
-         " ipc_bytes=" + std::to_string(settings_.ipc_bytes) + " two_shot_bytes=" +
-         std::to_string(settings_.two_shot_bytes) + " proto=" + settings_.proto + " ll_limit=" +
+         " ipc_bytes=" + std::to_string(settings_.ipc_bytes) + " two_shot_bytes=" + pair(settings_.two_shot_bytes) +
+         " proto=" + settings_.proto + " ll_bytes=" + pair(settings_.ll_bytes) + " ll_limit=" +
          std::to_string(llLimit()) + " direct=" +
-         (ipc_state_ == Ipc::kOn ? "on" : ipc_state_ == Ipc::kOff ? "off (" + ipc_why_ + ")" : "unset");
+         (ipc_state_ == Ipc::kOn ? "on" : ipc_state_ == Ipc::kOff ? "off (" + ipc_why_ + ")" : "unset") +
+         (ipc_state_ == Ipc::kOn ? " memory=" + topo_.transport : "");
+}
+
+GpuTopology CudaGroup::topology() const {
+  GpuTopology t = topo_;
+  if (ipc_state_ == Ipc::kUnset) t.transport = settings_.allreduce == "staged" ? "staged" : "unset";
+  return t;
 }
 
 // ---------------------------------------------------------------- point-to-point

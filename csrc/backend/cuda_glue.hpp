@@ -3,8 +3,8 @@
 // Note [CUDA streams]: NCCL's contract. At issue, on the caller's thread, an
 // operation records a `ready` event on the caller's current stream. When its
 // turn comes (Note [Issue order]), its GPU work goes to the group's internal
-// stream, which first waits on `ready`: either a direct kernel over cuda_ipc
-// (all_reduce up to TILECOMM_CUDA_IPC_BYTES, LL all_gather up to the LL
+// stream, which first waits on `ready`: either a direct kernel over the peer
+// transport (cuda_ipc or host_mapped; all_reduce, LL all_gather up to the LL
 // buffer), or the staged path: copies to pinned host memory, the CPU engine's
 // collective over them, copies back.
 // Then an `end` event is recorded on the internal stream and the tensors are
@@ -29,16 +29,21 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <atomic>
+#include <condition_variable>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "backend/process_group.hpp"
 #include "common/types.h"
 #include "cuda/allreduce.h"
-#include "cuda/cuda_ipc.h"
+#include "cuda/peer_transport.h"
 
 namespace tilecomm::backend {
 
@@ -46,10 +51,26 @@ namespace tilecomm::backend {
 struct CudaSettings {
   std::string allreduce = "auto";  // auto | one_shot | two_shot | staged
   uint64_t ipc_bytes = 4u << 20;   // largest all_reduce run by a direct kernel (per staging buffer)
-  uint64_t two_shot_bytes = 256u << 10;  // auto: two_shot from this size on
   int64_t timeout_ms = 30 * 60 * 1000;   // the group's timeout
   std::string proto = "auto";            // auto | ll | simple
-  uint64_t ll_bytes = 512u << 10;        // auto: LL up to this size (measured crossover)
+  // Per peer memory (indexed by cuda::PeerMemory), from the selector's CUDA model at this world
+  // size unless TILECOMM_LL_BYTES / TILECOMM_CUDA_TWO_SHOT_BYTES say otherwise:
+  uint64_t ll_bytes[2] = {512u << 10, 8u << 10};          // auto: LL up to this size
+  uint64_t two_shot_bytes[2] = {256u << 10, 256u << 10};  // auto: two_shot from this size on
+  std::string transport = "auto";        // auto | host_mapped (TILECOMM_TRANSPORT)
+  // How GPUs of the host are joined, from NVML on rank 0: "<bus id> <bus id>" -> nvlink | pcie | none
+  // (both orders; bus ids as canonicalBusId writes them). Missing pairs are "unknown".
+  std::map<std::string, std::string> gpu_links;
+};
+
+/// "dddd:bb:dd.f" (hex, lower case) for a PCI bus id as CUDA or NVML write it; "" if unreadable.
+std::string canonicalBusId(const std::string& id);
+
+/// What the group's GPUs found at their first direct call (empty before it).
+struct GpuTopology {
+  std::string transport;                        // cuda_ipc | host_mapped | staged | unset
+  std::vector<std::string> devices;             // PCI bus id of every rank's GPU
+  std::vector<std::vector<std::string>> links;  // [r][q]: self | same_gpu | nvlink | pcie | none | unknown
 };
 
 /// One CUDA operation's stream bookkeeping (Note [CUDA streams]).
@@ -61,7 +82,7 @@ struct CudaOp {
   at::cuda::CUDAEvent end;       // the internal stream after the operation's GPU work
   uint64_t direct_launch = 0;    // the launch id of its direct kernel, 0 if none
   bool captured = false;         // issued while the caller's stream was capturing a CUDA graph
-  std::shared_ptr<cuda::IpcTransport> ipc;
+  std::shared_ptr<cuda::PeerTransport> ipc;
 
   /// Why its direct kernel failed on the GPU ("" if it did not, or has not finished).
   std::string directError() const;
@@ -72,23 +93,31 @@ struct CudaOp {
 
 class CudaGroup {
  public:
-  CudaGroup(int rank, int world, c10::intrusive_ptr<c10d::Store> store, std::string prefix, CudaSettings settings);
+  CudaGroup(int rank, int world, c10::intrusive_ptr<c10d::Store> store, std::string prefix, CudaSettings settings,
+            PeerWatch watch);
   ~CudaGroup();
 
   /// At issue, on the caller's thread: a CUDA operation on `device`, its ready event recorded
   /// on the current stream. The first call binds the group to the device.
   std::shared_ptr<CudaOp> begin(const c10::Device& device);
 
-  /// The direct kernel an all_reduce would use, decided from the call alone (the same on every rank).
-  std::optional<cuda::DirectAlgo> directFor(uint64_t nbytes, DType dtype, RedOp op) const;
+  /// Whether an all_reduce may run as a direct kernel, decided from the call alone (the same on
+  /// every rank); which kernel is chosen in the task, once the peer memory is known (allReduceDirect).
+  bool directEligible(uint64_t nbytes, DType dtype, RedOp op) const;
   /// Whether an all_gather of nbytes per rank runs as the LL kernel (decided from the call alone).
   bool allGatherLL(uint64_t nbytes) const;
-  /// In a task: whether the cuda_ipc transport is up. The first call sets it up with every rank
-  /// (handles through the Store); it is used only if every rank opened every peer. Under CUDA
-  /// graph capture it cannot be set up or fall back: throws Error(kInvalid) instead.
+  /// The kernel of the last CUDA operation, by its algorithm id ("" before the first and after a
+  /// staged one), for benchmarks.
+  std::string lastKernel() const;
+  /// In a task: whether the peer transport is up. The first call sets it up with every rank
+  /// (devices and handles through the Store): cuda_ipc where every pair of GPUs has peer access
+  /// and every rank opened every peer, else host_mapped (TILECOMM_TRANSPORT=host_mapped forces
+  /// it), else the calls stay staged. Under CUDA graph capture it cannot be set up or fall
+  /// back: throws Error(kInvalid) instead.
   bool directReady(const CudaOp& op);
-  /// In a task, inside CudaOp::run: enqueues a direct all_reduce of t on the internal stream.
-  void allReduceDirect(CudaOp& op, cuda::DirectAlgo algo, at::Tensor& t, DType dtype, RedOp rop, int64_t timeout_ms);
+  /// In a task, inside CudaOp::run, after directReady: enqueues a direct all_reduce of t on the
+  /// internal stream, with the kernel the settings pick for its size and the group's peer memory.
+  void allReduceDirect(CudaOp& op, at::Tensor& t, DType dtype, RedOp rop, int64_t timeout_ms);
   /// In a task, inside CudaOp::run: enqueues an LL all_gather of `in` into outs[q] (one per rank).
   void allGatherDirect(CudaOp& op, const at::Tensor& in, const std::vector<at::Tensor>& outs, int64_t timeout_ms);
   /// In a task, inside CudaOp::run: body over pinned host copies of the tensors (reads are
@@ -100,11 +129,17 @@ class CudaGroup {
   std::string failure() const;
   /// "device=cuda:0 direct=on|off|unset (why) ..." for tests and debugging.
   std::string status() const;
+  GpuTopology topology() const;
 
  private:
   bool setUpIpc();
+  /// One attempt of setUpIpc with areas of kind m; false (and ipc_why_ extended) if any rank failed.
+  bool tryMemory(cuda::PeerMemory m);
+  void watchLoop();
   /// LL capacity of the transport: the largest message the LL kernels may carry (0: no LL).
   uint64_t llLimit() const;
+  /// The kernel of an all_reduce of nbytes over the group's peer memory (transport up).
+  cuda::DirectAlgo allReduceAlgo(uint64_t nbytes) const;
 
   int rank_;
   int world_;
@@ -120,7 +155,15 @@ class CudaGroup {
   enum class Ipc { kUnset, kOn, kOff };
   Ipc ipc_state_ = Ipc::kUnset;  // only touched inside tasks (one at a time)
   std::string ipc_why_;
-  std::shared_ptr<cuda::IpcTransport> ipc_;
+  std::shared_ptr<cuda::PeerTransport> ipc_;
+  GpuTopology topo_;
+  std::atomic<int> last_kernel_{-1};  // DirectAlgo, or kLastAllGatherLL
+
+  PeerWatch watch_;  // Note [GPU watchdog]
+  std::mutex watch_mu_;
+  std::condition_variable watch_cv_;
+  bool watch_stop_ = false;
+  std::thread watcher_;
 };
 
 /// Point-to-point staging: a pinned copy of t once the caller's stream reached issue (blocks

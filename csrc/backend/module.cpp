@@ -3,6 +3,7 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <array>
 #include <cstring>
 
 #include "backend/process_group.hpp"
@@ -133,24 +134,44 @@ PYBIND11_MODULE(_C, m) {
                 .def("stats", [](backend::ProcessGroupTilecomm& self) { return statsDict(self.engine()); });
 #ifdef TILECOMM_WITH_CUDA
   m.attr("HAS_CUDA") = true;
-  // CUDA tensors: the group's Store and key prefix (the cuda_ipc handles are exchanged
-  // through it on first use) and its settings.
+  // CUDA tensors: the group's Store and key prefix (devices and peer-transport handles are
+  // exchanged through it on first use) and its settings.
   pg.def(
       "set_cuda",
       [](backend::ProcessGroupTilecomm& self, const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix,
-         const std::string& allreduce, uint64_t ipc_bytes, uint64_t two_shot_bytes, int64_t timeout_ms,
-         const std::string& proto, uint64_t ll_bytes) {
+         const std::string& allreduce, uint64_t ipc_bytes, std::array<uint64_t, 2> two_shot_bytes,
+         int64_t timeout_ms, const std::string& proto, std::array<uint64_t, 2> ll_bytes, const std::string& transport,
+         const std::vector<std::tuple<std::string, std::string, std::string>>& gpu_links) {
         backend::CudaSettings s;
         s.allreduce = allreduce;
         s.ipc_bytes = ipc_bytes;
-        s.two_shot_bytes = two_shot_bytes;
         s.timeout_ms = timeout_ms;
         s.proto = proto;
-        s.ll_bytes = ll_bytes;
-        self.setCuda(std::make_shared<backend::CudaGroup>(self.getRank(), self.getSize(), store, prefix, s));
+        for (int m = 0; m < 2; ++m) {
+          s.two_shot_bytes[m] = two_shot_bytes[m];
+          s.ll_bytes[m] = ll_bytes[m];
+        }
+        s.transport = transport;
+        for (const auto& [a, b, kind] : gpu_links) {
+          s.gpu_links[backend::canonicalBusId(a) + " " + backend::canonicalBusId(b)] = kind;
+          s.gpu_links[backend::canonicalBusId(b) + " " + backend::canonicalBusId(a)] = kind;
+        }
+        self.setCuda(std::make_shared<backend::CudaGroup>(self.getRank(), self.getSize(), store, prefix, s,
+                                                          self.peerWatch()));
       },
       py::arg("store"), py::arg("prefix"), py::arg("allreduce"), py::arg("ipc_bytes"), py::arg("two_shot_bytes"),
-      py::arg("timeout_ms"), py::arg("proto") = "auto", py::arg("ll_bytes") = 524288);
+      py::arg("timeout_ms"), py::arg("proto"), py::arg("ll_bytes"), py::arg("transport") = "auto",
+      py::arg("gpu_links") = std::vector<std::tuple<std::string, std::string, std::string>>{});
+  pg.def("cuda_last_kernel", &backend::ProcessGroupTilecomm::cudaLastKernel);
+  // What the GPUs found at the first direct call: the transport, every rank's GPU, the links.
+  pg.def("cuda_topology", [](backend::ProcessGroupTilecomm& self) {
+    backend::GpuTopology t = self.cudaTopology();
+    py::dict d;
+    d["transport"] = t.transport;
+    d["devices"] = t.devices;
+    d["links"] = t.links;
+    return d;
+  });
 #else
   m.attr("HAS_CUDA") = false;
 #endif

@@ -346,13 +346,11 @@ void finishAverage(at::Tensor& t, const c10d::ReduceOp& op, int size) {
 ProcessGroupTilecomm::Direct ProcessGroupTilecomm::directAllReduce(const at::Tensor& t, DType dtype,
                                                                  const c10d::ReduceOp& op, int64_t timeout_ms) {
 #ifdef TILECOMM_WITH_CUDA
-  if (!cuda_) return nullptr;
-  auto algo = cuda_->directFor(t.nbytes(), dtype, engineOp(op));
-  if (!algo) return nullptr;
-  return [this, t = at::Tensor(t), dtype, op, timeout_ms, algo = *algo](CudaOp& cop) mutable {
+  if (!cuda_ || !cuda_->directEligible(t.nbytes(), dtype, engineOp(op))) return nullptr;
+  return [this, t = at::Tensor(t), dtype, op, timeout_ms](CudaOp& cop) mutable {
     if (!cuda_->directReady(cop)) return false;  // the same answer on every rank
     premultiply(t, op);  // torch ops, on the internal stream (the current one here)
-    cuda_->allReduceDirect(cop, algo, t, dtype, engineOp(op), timeout_ms);
+    cuda_->allReduceDirect(cop, t, dtype, engineOp(op), timeout_ms);
     finishAverage(t, op, size_);
     return true;
   };
@@ -384,6 +382,28 @@ std::string ProcessGroupTilecomm::cudaStatus() const {
   return "";
 #endif
 }
+
+#ifdef TILECOMM_WITH_CUDA
+GpuTopology ProcessGroupTilecomm::cudaTopology() const { return cuda_ ? cuda_->topology() : GpuTopology{}; }
+
+std::string ProcessGroupTilecomm::cudaLastKernel() const { return cuda_ ? cuda_->lastKernel() : ""; }
+
+PeerWatch ProcessGroupTilecomm::peerWatch() const {
+  std::weak_ptr<exec::Engine> weak = engine_;
+  return [weak](std::string& note) {
+    auto e = weak.lock();
+    if (!e) return -1;
+    transport::Transport& tr = e->transport();
+    for (int r = 0; r < e->world(); ++r) {
+      if (r != e->rank() && tr.link(r) == transport::Link::kShm && tr.shm().peerDead(r)) {
+        note = tr.deathNote(r);
+        return r;
+      }
+    }
+    return -1;
+  };
+}
+#endif
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::allreduce(std::vector<at::Tensor>& tensors,
                                                              const c10d::AllreduceOptions& opts) {

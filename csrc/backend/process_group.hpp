@@ -6,7 +6,9 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <functional>
 #include <memory>
+#include <string>
 
 #include "exec/engine.h"
 
@@ -18,6 +20,10 @@ std::optional<DType> toDType(at::ScalarType t);
 // CUDA tensors (cuda_glue.hpp, built only when torch has CUDA; Note [CUDA streams]).
 struct CudaOp;
 class CudaGroup;
+struct GpuTopology;
+/// Note [GPU watchdog] (cuda/peer_transport.h): returns a rank of the group whose process has
+/// exited (and says how in `note`), or -1. Called from the CUDA group's watchdog thread.
+using PeerWatch = std::function<int(std::string& note)>;
 
 /// Maps a call's tensors to the ones its body works on: the tensors themselves
 /// (CPU), or pinned host copies (CUDA tensors on the staged path).
@@ -117,6 +123,12 @@ class ProcessGroupTilecomm : public c10d::Backend {
   void setCuda(std::shared_ptr<CudaGroup> cuda) { cuda_ = std::move(cuda); }
   /// The CUDA side's state, for tests and debugging ("" before setCuda).
   std::string cudaStatus() const;
+#ifdef TILECOMM_WITH_CUDA
+  GpuTopology cudaTopology() const;
+  std::string cudaLastKernel() const;
+  /// Note [GPU watchdog]: the first peer of this host whose process has exited.
+  PeerWatch peerWatch() const;
+#endif
 
  private:
   /// The body of a call; h maps its tensors to the ones to work on (see Host).

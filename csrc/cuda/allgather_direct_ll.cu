@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(kThreads) allgatherDirectLLKernel(GatherArgs a
   endCall(a, c);
 }
 
-uint64_t allGatherDirectLL(IpcTransport& t, const void* in, void* const* out, uint64_t nbytes, cudaStream_t stream,
+uint64_t allGatherDirectLL(PeerTransport& t, const void* in, void* const* out, uint64_t nbytes, cudaStream_t stream,
                            uint64_t timeout_ns) {
   if (nbytes > t.llCapacity()) throw Error(ErrorKind::kInvalid, "LL all_gather called outside its limits");
   GatherArgs a{};

@@ -24,7 +24,7 @@ bool directSupports(DType dtype, RedOp op) {
   }
 }
 
-uint64_t allReduceDirect(DirectAlgo algo, IpcTransport& t, void* data, uint64_t nbytes, DType dtype, RedOp op,
+uint64_t allReduceDirect(DirectAlgo algo, PeerTransport& t, void* data, uint64_t nbytes, DType dtype, RedOp op,
                          cudaStream_t stream, uint64_t timeout_ns) {
   const bool ll = algo == DirectAlgo::kOneShotLL;
   if (nbytes > (ll ? t.llCapacity() : t.capacity()) || !directSupports(dtype, op))

@@ -10,7 +10,7 @@
 #include <cstdint>
 
 #include "common/types.h"
-#include "cuda/cuda_ipc.h"
+#include "cuda/peer_transport.h"
 
 namespace tilecomm::cuda {
 
@@ -22,13 +22,13 @@ bool directSupports(DType dtype, RedOp op);
 /// Enqueues an in-place all-reduce of nbytes at `data` (device memory of t's device) on
 /// `stream`. Requires directSupports() and nbytes <= t.capacity() (t.llCapacity() for
 /// kOneShotLL). Returns the kernel's launch id; a timed-out wait shows up in t.failedLaunch().
-uint64_t allReduceDirect(DirectAlgo algo, IpcTransport& t, void* data, uint64_t nbytes, DType dtype, RedOp op,
+uint64_t allReduceDirect(DirectAlgo algo, PeerTransport& t, void* data, uint64_t nbytes, DType dtype, RedOp op,
                          cudaStream_t stream, uint64_t timeout_ns);
 
 /// Enqueues an LL all-gather (allgather_direct_ll.cu): nbytes at `in` from every rank q land
 /// at out[q] (out has t.world() entries). Requires nbytes <= t.llCapacity(). Returns the
 /// kernel's launch id.
-uint64_t allGatherDirectLL(IpcTransport& t, const void* in, void* const* out, uint64_t nbytes, cudaStream_t stream,
+uint64_t allGatherDirectLL(PeerTransport& t, const void* in, void* const* out, uint64_t nbytes, cudaStream_t stream,
                            uint64_t timeout_ns);
 
 }  // namespace tilecomm::cuda

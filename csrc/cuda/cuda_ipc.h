@@ -1,141 +1,23 @@
-// The cuda_ipc transport: GPUs of one host (or ranks sharing one GPU) that load
-// and store each other's memory. Each rank cudaMallocs one area (sequence flags
-// and counter, two staging buffers, two LL buffers) and exports it with
-// cudaIpcGetMemHandle; the handles are exchanged once per group (through the
-// c10d Store, by the caller) and the peers' areas are opened with
-// cudaIpcOpenMemHandle. The transport knows no collective: the direct kernels
-// (allreduce_*.cu, allgather_*.cu) give the flags and buffers their meaning.
-//
-// Note [Device sequence]: every direct call has a sequence number s (from 1),
-// the same on every rank because every rank makes the same direct calls in the
-// same order. It lives in device memory (SeqCounter), not in a kernel argument:
-// each kernel reads s = counter.seq + 1 at its start, and the last of its blocks
-// to finish stores counter.seq = s. So a kernel captured in a CUDA graph gets a
-// fresh s at every replay, and counter.seq = s also says "my kernel of call s
-// has stopped touching peers' memory" (IpcTransport::drain waits for that).
-//
-// Note [Flags]: a flag holds the sequence number of the last direct call whose
-// phase it announces. Values only grow (the area is zeroed once, at creation,
-// and never reset), so a waiter asks "flag >= my call's sequence number" and a
-// stale flag can never look fresh. LL lines (primitives.cuh) carry a 32-bit
-// flag derived from s the same way.
-//
-// Note [Staging parity]: call s uses staging buffer s % 2 and LL buffer s % 2.
-// A rank writes buffer s % 2 (its own staging buffer, or its LL slot in a
-// peer's LL buffer) again only at call s + 2 or later, and it starts that call
-// after its kernel of call s + 1 ended, which waited for every peer's part of
-// call s + 1, which every peer produced after its kernel of call s ended (one
-// stream runs one kernel at a time): so no peer still reads the buffer.
+// The cuda_ipc transport's memory: a rank's area in its GPU's memory
+// (cudaMalloc), exported with cudaIpcGetMemHandle and opened by every peer of
+// the host with cudaIpcOpenMemHandle. Needs peer access between the GPUs (or
+// one GPU shared by the ranks). What the area holds: peer_transport.h.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 #include <string>
-#include <vector>
 
-namespace tilecomm::cuda {
+namespace tilecomm::cuda::ipc {
 
-constexpr int kMaxRanks = 16;    // a larger group uses the staged path
-constexpr int kMaxBlocks = 128;  // thread blocks of one simple direct kernel (each has its own flags)
-// Flags per block: phase 0 (input staged), 1 (two_shot: reduced part staged).
-constexpr int kPhases = 2;
-// The largest message an LL kernel carries per rank (bytes of data; its LL lines take twice that).
-constexpr uint64_t kLLMaxBytes = 1u << 20;
+/// A zeroed area of `bytes` on the current device. Throws tilecomm::Error.
+char* allocate(uint64_t bytes, cudaStream_t stream);
+/// The raw bytes of the area's cudaIpcMemHandle_t.
+std::string exportHandle(char* own);
+/// Opens a peer's area from its handle; nullptr and `why` when it cannot.
+char* open(const std::string& handle, std::string& why);
+void close(char* peer);
+void release(char* own);
 
-/// Base addresses of every rank's area, as this process sees them (own: its pointer).
-struct PeerTable {
-  char* base[kMaxRanks];
-};
-
-/// What a direct kernel ran, for error messages.
-enum class KernelKind : int { kAllReduce = 0, kAllReduceLL, kAllGatherLL };
-
-/// Written by a kernel whose wait timed out (in mapped pinned host memory).
-struct KernelError {
-  unsigned int claimed;  // 0 -> 1 by the first failing thread
-  unsigned int ready;    // 1 once the fields below are written
-  int peer;              // the rank waited for
-  int kind;              // KernelKind
-  unsigned long long seq;     // the direct call's sequence number (Note [Device sequence])
-  unsigned long long launch;  // the host's launch id of the kernel (frozen in a CUDA graph)
-  unsigned long long waited_ns;
-};
-
-/// This rank's call counter (Note [Device sequence]); only its own kernels touch it.
-struct SeqCounter {
-  unsigned long long seq;      // the last call whose kernel finished on this rank
-  unsigned long long blocks;   // thread blocks of all finished kernels
-  unsigned long long arrived;  // thread blocks that finished (atomically counted)
-};
-
-/// Byte offsets inside an area: [flags | counter] [staging 0] [staging 1] [LL 0] [LL 1]; an LL
-/// buffer holds one slot per rank of 2 x ll_capacity bytes (16-byte lines carrying 8 data bytes).
-constexpr uint64_t kFlagBytes = 4096;
-constexpr uint64_t kCounterOffset = kPhases * kMaxBlocks * sizeof(uint64_t);
-static_assert(kCounterOffset + sizeof(SeqCounter) <= kFlagBytes, "flags and counter must fit their page");
-__host__ __device__ inline uint64_t* flagOf(char* base, int phase, int block) {
-  return reinterpret_cast<uint64_t*>(base) + phase * kMaxBlocks + block;
-}
-__host__ __device__ inline SeqCounter* counterOf(char* base) {
-  return reinterpret_cast<SeqCounter*>(base + kCounterOffset);
-}
-__host__ __device__ inline char* stagingOf(char* base, uint64_t capacity, uint64_t seq) {
-  return base + kFlagBytes + (seq & 1) * capacity;
-}
-__host__ __device__ inline char* llSlotOf(char* base, uint64_t capacity, uint64_t ll_capacity, int world,
-                                          uint64_t seq, int slot) {
-  return base + kFlagBytes + 2 * capacity + ((seq & 1) * world + slot) * 2 * ll_capacity;
-}
-
-class IpcTransport {
- public:
-  /// Allocates and zeroes this rank's area on `device` (capacity: bytes per staging buffer,
-  /// ll_capacity: largest LL message per rank, both rounded up to 256). Throws tilecomm::Error
-  /// on a CUDA failure.
-  IpcTransport(int rank, int world, int device, uint64_t capacity, uint64_t ll_capacity, cudaStream_t stream);
-  ~IpcTransport();
-  IpcTransport(const IpcTransport&) = delete;
-  IpcTransport& operator=(const IpcTransport&) = delete;
-
-  /// The raw bytes of this area's cudaIpcMemHandle_t.
-  std::string exportHandle() const;
-  /// Opens every peer's area from its handle (own entry ignored). Returns "" or why it failed.
-  std::string open(const std::vector<std::string>& handles);
-
-  int rank() const { return rank_; }
-  int world() const { return world_; }
-  uint64_t capacity() const { return capacity_; }
-  uint64_t llCapacity() const { return ll_capacity_; }
-  /// Thread blocks one rank's kernel may use: the ranks' spinning kernels must all be resident
-  /// at once when they share a GPU, so together they take at most one block per SM.
-  int blockBudget() const { return block_budget_; }
-  const PeerTable& peers() const { return peers_; }
-  /// Launch id of the next direct kernel launched from the host (from 1). A kernel replayed from
-  /// a CUDA graph keeps the id it was captured with; sequence numbers come from the device.
-  uint64_t nextLaunch() { return ++launches_; }
-  /// Before the area is freed: waits (at most timeout_ms) until every peer's kernel of this
-  /// rank's last direct call ended (Note [Device sequence]). The stream must be idle.
-  void drain(int64_t timeout_ms);
-  KernelError* errorForDevice() const { return err_dev_; }
-  /// Launch id of the first direct kernel whose wait timed out, 0 if none.
-  uint64_t failedLaunch() const;
-  /// What failed, naming the rank waited for ("" if nothing did).
-  std::string errorText() const;
-
- private:
-  int rank_;
-  int world_;
-  int device_;
-  uint64_t capacity_;
-  uint64_t ll_capacity_;
-  int block_budget_ = 1;
-  uint64_t launches_ = 0;
-  char* own_ = nullptr;
-  PeerTable peers_{};
-  std::vector<char*> opened_;
-  KernelError* err_host_ = nullptr;
-  KernelError* err_dev_ = nullptr;
-};
-
-}  // namespace tilecomm::cuda
+}  // namespace tilecomm::cuda::ipc

@@ -11,7 +11,7 @@
 #include <type_traits>
 
 #include "common/types.h"
-#include "cuda/cuda_ipc.h"
+#include "cuda/peer_transport.h"
 
 namespace tilecomm::cuda {
 
@@ -33,7 +33,7 @@ struct CallArgs {
 };
 
 /// The CallArgs of the next launch over `t` (host side; takes the launch id).
-inline void beginCall(CallArgs& a, IpcTransport& t, uint64_t timeout_ns, KernelKind kind) {
+inline void beginCall(CallArgs& a, PeerTransport& t, uint64_t timeout_ns, KernelKind kind) {
   a.peers = t.peers();
   a.capacity = t.capacity();
   a.ll_capacity = t.llCapacity();
@@ -96,6 +96,9 @@ __device__ __forceinline__ Call beginCall(const CallArgs& a) {
 
 /// Block-wide, at the kernel's end (also after a timeout): the last block to get here
 /// publishes counter.seq = call.seq. NOTE: every block must call it exactly once.
+// NOTE: device-scope ordering is enough here (no system-scope fence on every call's path): the
+// counter is read by this rank's next kernel (same GPU, same stream) and, at teardown, through
+// cudaMemcpy after the stream went idle.
 __device__ __forceinline__ void endCall(const CallArgs& a, const Call& c) {
   __syncthreads();
   if (threadIdx.x != 0) return;
@@ -104,21 +107,39 @@ __device__ __forceinline__ void endCall(const CallArgs& a, const Call& c) {
   const unsigned long long before = atomicAdd(&k->arrived, 1ull);
   if (before + 1 == c.blocks_before + gridDim.x) {  // every block of this kernel is done
     *reinterpret_cast<volatile unsigned long long*>(&k->blocks) = before + 1;
-    __threadfence_system();
-    storeRelease(reinterpret_cast<uint64_t*>(&k->seq), c.seq);
+    __threadfence();
+    *reinterpret_cast<volatile unsigned long long*>(&k->seq) = c.seq;
   }
 }
 
-/// Records the first timed-out wait (which rank, which call) for the host.
-__device__ __forceinline__ void recordTimeout(const CallArgs& a, int peer, uint64_t seq, uint64_t waited) {
+/// Records the first failed wait (which rank, which call, why) for the host.
+__device__ __forceinline__ void recordFailure(const CallArgs& a, int peer, uint64_t seq, uint64_t waited,
+                                              WaitFailure why) {
   if (atomicCAS_system(&a.err->claimed, 0u, 1u) != 0u) return;
   a.err->peer = peer;
   a.err->kind = static_cast<int>(a.kind);
+  a.err->reason = static_cast<int>(why);
   a.err->seq = seq;
   a.err->launch = a.launch;
   a.err->waited_ns = waited;
   __threadfence_system();
   atomicExch_system(&a.err->ready, 1u);
+}
+
+/// Note [GPU watchdog]: whether a wait that started at `start` must give up (timeout, or the
+/// host saw a peer die); records why. Called every few hundred polls: it reads host memory.
+__device__ __forceinline__ bool waitFailed(const CallArgs& a, int peer, uint64_t seq, uint64_t start) {
+  const int dead = *reinterpret_cast<volatile int*>(&a.err->dead_peer);
+  const uint64_t waited = globalTimer() - start;
+  if (dead != 0) {
+    recordFailure(a, dead - 1, seq, waited, WaitFailure::kPeerDied);
+    return true;
+  }
+  if (waited > a.timeout_ns) {
+    recordFailure(a, peer, seq, waited, WaitFailure::kTimeout);
+    return true;
+  }
+  return false;
 }
 
 /// Block-wide: once every thread's earlier stores are done, announces `seq` on this block's flag.
@@ -131,8 +152,8 @@ __device__ __forceinline__ void signal(const CallArgs& a, int phase, uint64_t se
 }
 
 /// Block-wide: waits until every peer announced `seq` for this block and phase. Thread q
-/// polls rank q. Returns false (the same in every thread) if a wait outlasted the timeout;
-/// the first failing thread records which rank it waited for.
+/// polls rank q. Returns false (the same in every thread) if a wait outlasted the timeout or a
+/// peer died; the first failing thread records why.
 __device__ __forceinline__ bool waitPeers(const CallArgs& a, int phase, uint64_t seq) {
   __shared__ int failed;
   if (threadIdx.x == 0) failed = 0;
@@ -145,10 +166,8 @@ __device__ __forceinline__ bool waitPeers(const CallArgs& a, int phase, uint64_t
     while (loadAcquire(f) < seq) {
       if (++polls > 256) {
         __nanosleep(100);
-        uint64_t waited = globalTimer() - start;
-        if (waited > a.timeout_ns) {
+        if (polls % 256 == 0 && waitFailed(a, q, seq, start)) {
           failed = 1;
-          recordTimeout(a, q, seq, waited);
           break;
         }
       }
@@ -194,7 +213,7 @@ __device__ __forceinline__ void llSend(char* slot, uint64_t v, uint4 x, uint32_t
 }
 
 /// Waits for vector v in an LL slot of this rank's own buffer, sent by `peer`. Returns false if
-/// the wait outlasted the timeout (recorded for the host).
+/// the wait outlasted the timeout or a peer died (recorded for the host).
 __device__ __forceinline__ bool llRecv(const CallArgs& a, const char* slot, uint64_t v, uint64_t seq, int peer,
                                        uint4& out) {
   const uint32_t flag = llFlag(seq);
@@ -208,13 +227,8 @@ __device__ __forceinline__ bool llRecv(const CallArgs& a, const char* slot, uint
       return true;
     }
     if (polls % 1024 == 0) {
-      const uint64_t now = globalTimer();
-      if (start == 0) {
-        start = now;
-      } else if (now - start > a.timeout_ns) {
-        recordTimeout(a, peer, seq, now - start);
-        return false;
-      }
+      if (start == 0) start = globalTimer();
+      else if (waitFailed(a, peer, seq, start)) return false;
     }
   }
 }

@@ -1,21 +1,18 @@
 #include "transport/shm.h"
 
-#include <dirent.h>
-#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <random>
 
 #include "common/error.h"
 #include "kernels/wait.h"
+#include "transport/segment.h"
 
 namespace tilecomm {
 
@@ -29,35 +26,6 @@ namespace {
 constexpr uint64_t kMagic = 0x746c636f6d6d3031ull;  // "tlcomm01"
 constexpr uint32_t kVersion = 3;
 constexpr size_t kErrorBytes = 1024;
-constexpr const char* kPrefix = "tilecomm-";
-
-std::string randomHex(int bytes) {
-  std::random_device rd;
-  static const char* kHex = "0123456789abcdef";
-  std::string s;
-  for (int i = 0; i < bytes; ++i) {
-    unsigned v = rd() & 0xff;
-    s += kHex[v >> 4];
-    s += kHex[v & 15];
-  }
-  return s;
-}
-
-// Removes segments of ours whose creator died before it could unlink them.
-void sweepStaleSegments() {
-  DIR* dir = opendir("/dev/shm");
-  if (!dir) return;
-  uid_t me = geteuid();
-  while (struct dirent* e = readdir(dir)) {
-    if (std::strncmp(e->d_name, kPrefix, std::strlen(kPrefix)) != 0) continue;
-    long pid = std::strtol(e->d_name + std::strlen(kPrefix), nullptr, 10);
-    if (pid <= 0 || kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
-    std::string path = std::string("/dev/shm/") + e->d_name;
-    struct stat st;
-    if (stat(path.c_str(), &st) == 0 && st.st_uid == me) shm_unlink((std::string("/") + e->d_name).c_str());
-  }
-  closedir(dir);
-}
 }  // namespace
 
 struct ShmTransport::SegHeader {
@@ -96,30 +64,10 @@ ShmTransport::ShmTransport(int rank, int world, const ShmConfig& cfg) : rank_(ra
   pidfds_.assign(world, -1);
   pids_.assign(world, 0);
 
-  sweepStaleSegments();
-  int fd = -1;
-  for (int attempt = 0; attempt < 8 && fd < 0; ++attempt) {
-    name_ = "/" + std::string(kPrefix) + std::to_string(getpid()) + "-" + randomHex(16);
-    fd = shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, S_IRUSR | S_IWUSR);
-    if (fd < 0 && errno != EEXIST) throwSystemError("shm_open(" + name_ + ")");
-  }
-  if (fd < 0) throwSystemError("shm_open: no free segment name");
-  fchmod(fd, S_IRUSR | S_IWUSR);  // owner-only whatever the umask
-  if (ftruncate(fd, static_cast<off_t>(seg_bytes_)) != 0) {
-    int e = errno;
-    close(fd);
-    shm_unlink(name_.c_str());
-    errno = e;
-    throwSystemError("ftruncate of shared-memory segment (" + std::to_string(seg_bytes_) + " bytes)");
-  }
-  void* p = mmap(nullptr, seg_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  if (p == MAP_FAILED) {
-    shm_unlink(name_.c_str());
-    throwSystemError("mmap of shared-memory segment");
-  }
-  bases_[rank] = static_cast<char*>(p);
-  auto* h = new (p) SegHeader();
+  Segment own = createSegment(seg_bytes_);
+  name_ = own.name;
+  bases_[rank] = own.base;
+  auto* h = new (own.base) SegHeader();
   h->version = kVersion;
   h->world = world;
   h->rank = rank;
@@ -147,19 +95,9 @@ void ShmTransport::connect(const std::vector<std::string>& names, const std::vec
   for (int r = 0; r < world_; ++r) {
     pids_[r] = pids[r];
     if (r == rank_ || !local[r]) continue;
-    int fd = shm_open(names[r].c_str(), O_RDWR, 0);
-    if (fd < 0) throwSystemError("shm_open of rank " + std::to_string(r) + "'s segment " + names[r]);
-    struct stat st;
-    if (fstat(fd, &st) != 0 || st.st_uid != geteuid() || static_cast<size_t>(st.st_size) != seg_bytes_) {
-      close(fd);
-      throw Error(ErrorKind::kInvalid, "rank " + std::to_string(r) +
-                                           "'s shared-memory segment has the wrong owner or size "
-                                           "(do all ranks use the same TILECOMM_SHM_* settings?)");
-    }
-    void* p = mmap(nullptr, seg_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (p == MAP_FAILED) throwSystemError("mmap of rank " + std::to_string(r) + "'s segment");
-    bases_[r] = static_cast<char*>(p);
+    bases_[r] = openSegment(names[r], seg_bytes_, "rank " + std::to_string(r) + "'s shared-memory segment",
+                            " (do all ranks use the same TILECOMM_SHM_* settings?)")
+                    .base;
     SegHeader* h = header(r);
     if (h->magic != kMagic || h->version != kVersion || h->world != static_cast<uint32_t>(world_) ||
         h->rank != static_cast<uint32_t>(r) || h->slots != cfg_.slots || h->slot_bytes != cfg_.slot_bytes)

@@ -19,7 +19,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from tilecomm import algorithms, selector, settings, topology
+from tilecomm import algorithms, cuda_model, selector, settings, topology
 
 log = logging.getLogger("tilecomm")
 _registered = False
@@ -101,8 +101,10 @@ def create(opts, pg_options=None):
         profile_info = selector.describe_profile(profile, path or None)
         # The job token every TCP connection must present (Note [TCP frames]).
         token = secrets.token_hex(32)
+        # How the host's GPUs are joined (NVML, no CUDA context); used at the first direct CUDA call.
+        gpus = topology.gpu_links() if getattr(_C, "HAS_CUDA", False) else []
         return {"settings": cfg, "labels": labels, "links": links, "token": token, "tables": tables,
-                "profile": profile_info}
+                "profile": profile_info, "gpu_links": gpus, "cuda": _cuda_thresholds(cfg, profile, world)}
 
     try:
         agreed = _agree(store, pre + "config", rank, make_config)
@@ -163,6 +165,8 @@ def create(opts, pg_options=None):
     if _debug_info(cfg) and rank == 0:
         log.info("tilecomm world=%d topology: %s", world, topo)
         log.info("tilecomm world=%d profile: %s", world, agreed["profile"])
+        if _C.HAS_CUDA:
+            log.info("tilecomm world=%d CUDA kernels (bytes; per peer memory): %s", world, agreed["cuda"])
         _log_tables(world, agreed["tables"])
         # Once per (collective, size class) in use, the engine logs the choice and its predicted time.
         for coll, table in agreed["tables"].items():
@@ -170,7 +174,7 @@ def create(opts, pg_options=None):
             engine.set_notes(algorithms.COLLECTIVES.index(coll), notes)
     engine.start()
     pg = _C.ProcessGroupTilecomm(engine, timeout_ms)
-    if _C.HAS_CUDA:  # CUDA tensors; the cuda_ipc handles go through the Store on first use
+    if _C.HAS_CUDA:  # CUDA tensors; devices and peer-transport handles go through the Store on first use
         # GPUs reach each other's memory only inside a shared-memory domain (one host):
         # a group with TCP links stages every CUDA operation through pinned host memory.
         one_domain = len(set(topo.domains)) == 1
@@ -179,12 +183,26 @@ def create(opts, pg_options=None):
             pre,
             cfg["TILECOMM_CUDA_ALLREDUCE"],
             max(0, cfg["TILECOMM_CUDA_IPC_BYTES"]) if one_domain else 0,
-            max(0, cfg["TILECOMM_CUDA_TWO_SHOT_BYTES"]),
+            [agreed["cuda"][m]["two_shot_bytes"] for m in cuda_model.MEMORIES],
             timeout_ms,
             proto=cfg["TILECOMM_PROTO"],
-            ll_bytes=max(0, cfg["TILECOMM_LL_BYTES"]),
+            ll_bytes=[agreed["cuda"][m]["ll_bytes"] for m in cuda_model.MEMORIES],
+            transport="host_mapped" if cfg["TILECOMM_TRANSPORT"] == "host_mapped" else "auto",
+            gpu_links=[tuple(x) for x in agreed["gpu_links"]],
         )
     return pg
+
+
+def _cuda_thresholds(cfg, profile, world) -> dict:
+    """Per peer memory, the CUDA kernels' size thresholds: the CUDA model's crossovers at this world
+    size, where TILECOMM_LL_BYTES / TILECOMM_CUDA_TWO_SHOT_BYTES do not set them (>= 0)."""
+    out = cuda_model.thresholds(profile, world)
+    for limits in out.values():
+        if cfg["TILECOMM_LL_BYTES"] >= 0:
+            limits["ll_bytes"] = cfg["TILECOMM_LL_BYTES"]
+        if cfg["TILECOMM_CUDA_TWO_SHOT_BYTES"] >= 0:
+            limits["two_shot_bytes"] = cfg["TILECOMM_CUDA_TWO_SHOT_BYTES"]
+    return out
 
 
 def _address_reaching(store) -> str:

@@ -29,7 +29,7 @@ import logging
 import math
 from dataclasses import dataclass
 
-from tilecomm import algorithms
+from tilecomm import algorithms, cuda_model
 from tilecomm.schedule import CostTerms, cost_terms
 
 log = logging.getLogger("tilecomm")
@@ -57,6 +57,8 @@ DEFAULT_PROFILE = {
     "gamma_s_per_byte": {"float32": 1 / 2.0e9, "default": 1 / 2.0e9},
     # {"<world size>": {"<algorithm id>": {"latency": .., "bandwidth": ..}}}; missing means 1.0.
     "corrections": {},
+    # The CUDA direct kernels' constants per peer memory and protocol (cuda_model.py).
+    "cuda": cuda_model.DEFAULT,
 }
 
 MAX_BYTES = (1 << 64) - 1
@@ -288,6 +290,8 @@ def check_profile(profile, where: str = "profile"):
         raise ValueError(f"{where}: gamma_s_per_byte has no {TABLE_DTYPE!r} entry (decision tables use it)")
     for dtype, value in gammas.items():
         _constant(value, f"{where}: gamma_s_per_byte.{dtype}")
+    if "cuda" in profile:
+        cuda_model.check(profile["cuda"], f"{where}: cuda")
     corrections = profile.get("corrections", {})
     if not isinstance(corrections, dict):
         raise ValueError(f"{where}: corrections: expected an object")

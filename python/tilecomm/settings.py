@@ -60,8 +60,11 @@ SETTINGS = [
         "How ranks reach each other. `auto`: shared memory within a host, TCP between hosts; `tcp`: TCP between "
         "every pair (for testing, or to measure the network path on one host); `shm`: shared memory only (a "
         "group spanning machines is then an error; ranks on one machine with different `TILECOMM_HOSTNAME`s "
-        "still use shared memory).",
-        ("auto", "shm", "tcp"),
+        "still use shared memory). GPUs of one host (CUDA builds) reach each other's memory through `cuda_ipc` "
+        "when every pair has peer access (NVLink, PCIe peer-to-peer, or one GPU shared by the ranks), else "
+        "through `host_mapped` (shared host memory registered with every GPU: the PCIe path); "
+        "`host_mapped` forces that path for the GPUs and is `auto` for the rest.",
+        ("auto", "shm", "tcp", "host_mapped"),
     ),
     Setting(
         "TILECOMM_SOCKET_IFNAME",
@@ -124,9 +127,10 @@ SETTINGS = [
     Setting(
         "TILECOMM_CUDA_TWO_SHOT_BYTES",
         int,
-        262144,
+        -1,
         "With `TILECOMM_CUDA_ALLREDUCE=auto`: all_reduce messages of at least this many bytes use `two_shot` "
-        "instead of `one_shot`.",
+        "instead of `one_shot`. -1: the crossover of the selector's CUDA model at the group's world size, per "
+        "peer memory (cuda_ipc, host_mapped; see [selector.md](selector.md)).",
     ),
     Setting(
         "TILECOMM_PROTO",
@@ -142,9 +146,10 @@ SETTINGS = [
     Setting(
         "TILECOMM_LL_BYTES",
         int,
-        524288,
+        -1,
         "With `TILECOMM_PROTO=auto`: the largest all_reduce (bytes) or all_gather (bytes per rank) that runs "
-        "the LL kernels, the measured LL/simple crossover. At most 1 MiB (the LL buffer) takes effect.",
+        "the LL kernels. -1: the LL/simple crossover of the selector's CUDA model at the group's world size, "
+        "per peer memory (all_gather uses the larger of the two). At most 1 MiB (the LL buffer) takes effect.",
     ),
 ]
 

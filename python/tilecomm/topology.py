@@ -8,6 +8,13 @@ topology-aware schedules take. Ranks of one shared-memory domain (same label and
 machine, unless ``TILECOMM_TRANSPORT=tcp``) talk through shared memory, all
 others over TCP. ``tilecomm.topology(group)`` returns what a group found and
 ``tilecomm.stats(group)`` the traffic per link class.
+
+GPUs: rank 0 reads from NVML (no CUDA context needed) how the host's GPUs are
+joined, per pair of PCI bus ids: ``nvlink``, ``pcie`` (peer-to-peer over PCIe)
+or ``none`` (no peer access). At a group's first direct CUDA call each rank
+publishes its GPU's bus id, and the group picks its GPU peer transport from
+that: ``cuda_ipc`` where every pair has peer access (or shares one GPU), else
+``host_mapped``. ``tilecomm.gpu_topology(group)`` returns what it found.
 """
 
 from __future__ import annotations
@@ -31,7 +38,8 @@ LINK_IDS = {"self": 0, SHM: 1, TCP: 2}  # transport::Link
 
 
 def links(hosts, mode: str) -> list[int]:
-    """Shared-memory domain of every rank, from (label, machine id) per rank and TILECOMM_TRANSPORT."""
+    """Shared-memory domain of every rank, from (label, machine id) per rank and TILECOMM_TRANSPORT
+    (``host_mapped`` concerns GPU memory only: for the CPU links it is ``auto``)."""
     if mode == "tcp":
         return list(range(len(hosts)))
     if mode == "shm":
@@ -93,6 +101,45 @@ class Topology:
         return f"{len(self.labels)} ranks on {self.num_hosts} host(s) ({'; '.join(parts)}); transport {self.transport}"
 
 
+def gpu_links(nvml=None) -> list[tuple[str, str, str]]:
+    """How this host's GPUs are joined, from NVML: (bus id, bus id, "nvlink" | "pcie" | "none") per
+    pair. Empty when NVML (the nvidia-ml-py package, or the driver's library) is not there: the
+    group then learns peer access by trying cuda_ipc."""
+    if nvml is None:
+        try:
+            import pynvml as nvml  # noqa: PLC0415
+        except ImportError:
+            return []
+    try:
+        nvml.nvmlInit()
+    except Exception:  # noqa: BLE001  (no driver, no GPU)
+        return []
+    try:
+        handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+        buses = []
+        for h in handles:
+            bus = nvml.nvmlDeviceGetPciInfo(h).busId
+            buses.append(bus.decode() if isinstance(bus, bytes) else str(bus))
+        out = []
+        for i in range(len(handles)):
+            for j in range(i + 1, len(handles)):
+                out.append((buses[i], buses[j], _p2p_kind(nvml, handles[i], handles[j])))
+        return out
+    except Exception:  # noqa: BLE001  (an NVML that lacks a query: say nothing rather than guess)
+        return []
+    finally:
+        nvml.nvmlShutdown()
+
+
+def _p2p_kind(nvml, a, b) -> str:
+    ok = nvml.NVML_P2P_STATUS_OK
+    if nvml.nvmlDeviceGetP2PStatus(a, b, nvml.NVML_P2P_CAPS_INDEX_NVLINK) == ok:
+        return "nvlink"
+    if nvml.nvmlDeviceGetP2PStatus(a, b, nvml.NVML_P2P_CAPS_INDEX_READ) == ok:
+        return "pcie"
+    return "none"
+
+
 _GROUPS: dict[str, Topology] = {}
 
 
@@ -114,6 +161,22 @@ def _group(group, what):
 def topology(group=None) -> Topology:
     """The topology a tilecomm group found (default: the world group)."""
     return _GROUPS[_group(group, "topology").group_name]
+
+
+def gpu_topology(group=None) -> dict:
+    """What a tilecomm group's GPUs found at its first direct CUDA call (default: the world group):
+    ``{"transport": "cuda_ipc" | "host_mapped" | "staged" | "unset", "devices": [PCI bus id per
+    rank], "links": [[link from rank r to rank q]]}``, links being ``self``, ``same_gpu``,
+    ``nvlink``, ``pcie``, ``none`` or ``unknown`` (no NVML). ``unset`` before the first direct
+    call; ``{}`` in a build without CUDA."""
+    import torch  # noqa: PLC0415
+
+    pg = _group(group, "gpu_topology")
+    try:
+        be = pg._get_backend(torch.device("cuda"))
+    except RuntimeError:  # the group serves no CUDA tensors
+        return {}
+    return be.cuda_topology() if hasattr(be, "cuda_topology") else {}
 
 
 def stats(group=None) -> dict:

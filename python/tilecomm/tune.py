@@ -19,6 +19,13 @@ It writes a profile JSON (docs/selector.md). ``--validate`` times
 auto-selection under a profile against every forced algorithm and prints, per
 collective and world size, the model's prediction error and the regret (time
 of the auto-selected algorithm / time of the fastest).
+
+GPUs: ``--cuda-from LATENCY.jsonl`` fits the CUDA kernels' constants
+(``tilecomm.cuda_model``) to the CUDA-graph times that
+``benchmarks/gpu_latency.py`` measured (``scripts/gpu-latency``), writes them
+into the ``cuda`` section of the profile (TILECOMM_PROFILE's, else the shipped
+default's other sections) and prints the kernel thresholds they give, and the
+regret of each ``auto`` entry measured, at every world size in the file.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ import torch
 import torch.distributed as dist
 
 import tilecomm
-from tilecomm import algorithms, bench, fit, launch, selector, settings
+from tilecomm import algorithms, bench, cuda_model, fit, launch, selector, settings
 
 REDUCE_DTYPES = ["float32", "float64", "float16", "bfloat16", "int32", "int64", "int8"]
 
@@ -267,6 +274,66 @@ def tune(args, worlds):
     return 0
 
 
+def tune_cuda(args) -> int:
+    """--cuda-from: fit the CUDA model to gpu_latency records and write it into a profile."""
+    with open(args.cuda_from) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    base = selector.load_profile(settings.value("TILECOMM_PROFILE") or None)
+    consts, notes = cuda_model.fit(records, base.get("cuda"))
+    profile = json.loads(json.dumps(base))
+    profile["cuda"] = consts
+    profile["warnings"] = list(profile.get("warnings", [])) + notes
+    selector.save_profile(profile, args.output)
+    print(cuda_report(consts, records))
+    print(f"\nwrote {args.output}; use it with TILECOMM_PROFILE={os.path.abspath(args.output)}")
+    return 0
+
+
+def cuda_report(consts, records) -> str:
+    """The fitted constants, the thresholds per world size, and the measured regret of `auto` entries."""
+    lines = ["| memory | protocol | alpha (us) | per round (us) | per round and peer (us) | beta (GB/s) | points | "
+             "median error |", "|---|---|---|---|---|---|---|---|"]
+    for m in cuda_model.MEMORIES:
+        for pr in cuda_model.PROTOCOLS:
+            c = consts[m][pr]
+            f = c.get("fit", {})
+            med = f"{f['median_error']:.0%}" if f.get("median_error") is not None else "(default)"
+            bw = f"{1e-9 / c['beta_s_per_byte']:.0f}" if c["beta_s_per_byte"] > 0 else "inf"
+            lines.append(f"| {m} | {pr} | {c['alpha_s'] * 1e6:.2f} | {c['alpha_round_s'] * 1e6:.2f} | "
+                         f"{c['alpha_peer_s'] * 1e6:.2f} | {bw} | {f.get('points', 0)} | {med} |")
+    worlds = sorted({int(r["world"]) for r in records})
+    lines += ["", "| world | memory | LL up to (B) | two_shot from (B) |", "|---|---|---|---|"]
+    for p in worlds:
+        for m, t in cuda_model.thresholds({"cuda": consts}, p).items():
+            two = "never" if t["two_shot_bytes"] == cuda_model.NEVER else t["two_shot_bytes"]
+            lines.append(f"| {p} | {m} | {t['ll_bytes']} | {two} |")
+    regrets = cuda_regret(records)
+    if regrets:
+        lines += ["", "| world | entry | points | regret mean | regret worst (bytes) |", "|---|---|---|---|---|"]
+        for (p, entry), rs in sorted(regrets.items()):
+            worst = max(rs, key=lambda x: x[1])
+            lines.append(f"| {p} | {entry} | {len(rs)} | {statistics.mean(r for _, r in rs):.3f} | "
+                         f"{worst[1]:.3f} ({worst[0]}) |")
+    return "\n".join(lines)
+
+
+def cuda_regret(records) -> dict:
+    """{(world, "all_reduce:auto" | ...): [(bytes, auto time / fastest forced kernel's time)]} over the
+    CUDA-graph times of records whose forced entries over the same memory were measured too."""
+    out = {}
+    for r in records:
+        for key in r.get("kernels", {}):
+            coll, entry = key.split(":", 1)
+            if entry.removeprefix("hm_") != "auto" or not isinstance(r.get(f"{key}:graph"), (int, float)):
+                continue
+            prefix = "hm_" if entry.startswith("hm_") else ""
+            forced = [r.get(f"{coll}:{prefix}{k}:graph") for k in ("ll", "one_shot", "two_shot")]
+            forced = [v for v in forced if isinstance(v, (int, float)) and v > 0]
+            if forced:
+                out.setdefault((int(r["world"]), key), []).append((int(r["bytes"]), r[f"{key}:graph"] / min(forced)))
+    return out
+
+
 def _pct(x):
     return "-" if x is None else f"{x:.0%}"
 
@@ -456,12 +523,16 @@ def build_parser():
         help="check PROFILE (default: TILECOMM_PROFILE, else the shipped one) instead of tuning",
     )
     p.add_argument("--json", default="", help="with --validate: also write the report (and the times) here")
+    p.add_argument("--cuda-from", default="", metavar="LATENCY_JSONL",
+                   help="fit the CUDA kernels' constants to benchmarks/gpu_latency.py records instead of tuning")
     return p
 
 
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.cuda_from:
+        return tune_cuda(args)
     if args.minbytes < 1 or args.maxbytes < args.minbytes:
         parser.error("sizes: need 1 <= -b <= -e")
     if args.stepfactor < 2 or args.iters < 1 or args.warmup < 0 or args.repeats < 1:

@@ -656,3 +656,69 @@ def spawn_free_after_destroy(rank, world, port):
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     return ok
+
+
+def spawn_killed_mid_kernel(rank, world, port, port2, n=4096, timeout_s=60.0):
+    """Ranks 1 and 2 call an all_reduce whose kernels wait for rank 0, which calls late; rank 2 is
+    killed (SIGKILL) meanwhile. The host's watchdog sees the process gone: rank 1's kernel stops
+    waiting (Note [GPU watchdog]) and rank 0 launches nothing; both raise an error naming rank 2
+    well within the 60 s group timeout, the group fails fast, and after destroy_process_group a new
+    group of the survivors (new Store) works."""
+    import signal
+    from datetime import timedelta
+
+    import tilecomm  # noqa: F401
+
+    victim = world - 1
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group("tilecomm", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}",
+                            timeout=timedelta(seconds=timeout_s))
+    t = torch.ones(n, device=dev())
+    dist.all_reduce(t)  # sets up the peer transport on every rank
+    torch.cuda.synchronize()
+    assert t[0].item() == world, t
+    dist.barrier()
+    if rank == victim:
+        dist.all_reduce(t, async_op=True)
+        time.sleep(0.5)  # its kernel is running: it waits for rank 0
+        os.kill(os.getpid(), signal.SIGKILL)
+    if rank == 0:
+        time.sleep(1.5)  # calls once the victim is gone
+    t0 = time.monotonic()
+    errors = []
+    for _ in range(4):
+        try:
+            w = dist.all_reduce(t, async_op=True)
+            w.wait()  # the host part: the kernel is enqueued
+            torch.cuda.synchronize()
+            w.wait()  # the kernel has ended: a wait that failed on the GPU raises here
+        except Exception as e:  # noqa: BLE001
+            errors.append(str(e))
+            if len(errors) == 2:
+                break
+    waited = time.monotonic() - t0
+    status = backend().cuda_status()
+    dist.destroy_process_group()
+    # The survivors go on in a new group.
+    new_world = world - 1
+    try:
+        dist.init_process_group("tilecomm", rank=rank, world_size=new_world,
+                                init_method=f"tcp://127.0.0.1:{port2}", timeout=timedelta(seconds=timeout_s))
+        x = torch.full((n,), float(rank + 1), device=dev())
+        dist.all_reduce(x)
+        torch.cuda.synchronize()
+        recovered = bool((x == new_world * (new_world + 1) / 2).all().item())
+        dist.destroy_process_group()
+    except Exception as e:  # noqa: BLE001
+        recovered = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+    return {"errors": errors, "waited": waited, "status": status, "recovered": recovered}
+
+
+def gpu_topology(rank, world, gloo):
+    """What tilecomm.gpu_topology reports after a direct call (devices, links, transport)."""
+    import tilecomm
+
+    t = torch.ones(8, device=dev())
+    dist.all_reduce(t)
+    torch.cuda.synchronize()
+    return tilecomm.gpu_topology()

@@ -25,8 +25,13 @@ CONFIGS = {
     "ll": {"TILECOMM_PROTO": "ll"},
     "staged": {"TILECOMM_CUDA_ALLREDUCE": "staged", "TILECOMM_PROTO": "simple"},
     "smallipc": {"TILECOMM_CUDA_IPC_BYTES": "4096", "TILECOMM_CUDA_TWO_SHOT_BYTES": "256", "TILECOMM_LL_BYTES": "64"},
+    # The PCIe path (shared host memory registered with the GPU), forced on a GPU that has peer access.
+    "host_mapped": {"TILECOMM_TRANSPORT": "host_mapped"},
+    "host_mapped_simple": {"TILECOMM_TRANSPORT": "host_mapped", "TILECOMM_PROTO": "simple",
+                           "TILECOMM_CUDA_IPC_BYTES": "65536", "TILECOMM_CUDA_TWO_SHOT_BYTES": "4096"},
 }
-EXPECT_DIRECT = {"auto": "on", "one_shot": "on", "two_shot": "on", "ll": "on", "staged": "unset", "smallipc": "on"}
+EXPECT_DIRECT = {"auto": "on", "one_shot": "on", "two_shot": "on", "ll": "on", "staged": "unset", "smallipc": "on",
+                 "host_mapped": "on", "host_mapped_simple": "on"}
 
 ALL_DTYPES = ["float16", "bfloat16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64", "bool",
               "complex64"]
@@ -42,7 +47,7 @@ def test_allreduce_every_dtype_and_op(pools, world, config):
     assert results[0][0] > 300
 
 
-@pytest.mark.parametrize("config", ["one_shot", "two_shot", "ll"])
+@pytest.mark.parametrize("config", ["one_shot", "two_shot", "ll", "host_mapped"])
 @pytest.mark.parametrize("world", WORLDS)
 def test_allreduce_unaligned(pools, world, config):
     pools.run(world, CONFIGS[config], "allreduce_matrix", dtypes=["float16", "int8", "float32", "float64"],
@@ -89,19 +94,35 @@ def test_objects_bad_input_and_cpu_tensors(pools, world):
     pools.run(world, {}, "cpu_and_cuda")
 
 
-@pytest.mark.parametrize("config", ["ll", "allgather_ll"])
+@pytest.mark.parametrize("config", ["ll", "allgather_ll", "host_mapped"])
 @pytest.mark.parametrize("world", WORLDS)
 def test_allgather_ll(pools, world, config):
     # sizes per rank in bytes: 0 (staged), tails, and up to the 1 MiB LL buffer (ll); 64 B crossover (auto)
-    env = CONFIGS["ll"] if config == "ll" else {"TILECOMM_LL_BYTES": "64"}
+    env = {"ll": CONFIGS["ll"], "allgather_ll": {"TILECOMM_LL_BYTES": "64"},
+           "host_mapped": {**CONFIGS["ll"], **CONFIGS["host_mapped"]}}[config]
     pools.run(world, env, "allgather_matrix", dtypes=["float16", "float32", "int8", "bool", "complex64"],
               sizes=[0, 1, 3, 17, 1031, 65536], expect_direct="on")
 
 
+@pytest.mark.parametrize("memory", ["cuda_ipc", "host_mapped"])
 @pytest.mark.parametrize("world", WORLDS)
-def test_cuda_graph_replay(pools, world):
+def test_cuda_graph_replay(pools, world, memory):
     """LL all_reduce and all_gather captured in one CUDA graph, replayed with fresh inputs."""
-    pools.run(world, CONFIGS["ll"], "graph_replay", replays=40)
+    env = {**CONFIGS["ll"], **(CONFIGS["host_mapped"] if memory == "host_mapped" else {})}
+    pools.run(world, env, "graph_replay", replays=40)
+
+
+@pytest.mark.parametrize("config", ["auto", "host_mapped"])
+@pytest.mark.parametrize("world", WORLDS)
+def test_gpu_topology(pools, world, config):
+    """Ranks sharing one GPU: every pair is same_gpu and cuda_ipc is chosen; host_mapped when forced."""
+    topo = pools.run(world, CONFIGS[config], "gpu_topology")
+    for r, t in enumerate(topo):
+        assert t == topo[0], topo
+        assert len(t["devices"]) == world and len(set(t["devices"])) == 1 and t["devices"][0], t
+        assert t["links"][r][r] == "self", t
+        assert all(t["links"][a][b] == "same_gpu" for a in range(world) for b in range(world) if a != b), t
+        assert t["transport"] == ("host_mapped" if config == "host_mapped" else "cuda_ipc"), t
 
 
 @pytest.mark.parametrize("world", WORLDS)
@@ -140,6 +161,29 @@ def test_absent_rank_times_out_on_the_gpu(config):
     kind = {"one_shot": "direct all_reduce", "ll": "LL all_reduce", "allgather_ll": "LL all_gather"}[config]
     assert kind in r0["first"], r0
     assert "has failed" in r0["second"] and "rank 1" in r0["second"], r0
+
+
+@pytest.mark.parametrize("config", ["ll", "one_shot", "host_mapped"])
+def test_rank_killed_mid_kernel(config):
+    """A rank SIGKILLed while its kernel waits: the survivors' kernels stop waiting (the host saw the
+    process exit), the error names the rank within seconds of a 60 s timeout, and the survivors form
+    a new group and go on. The ranks run without MPS (their kernels time-slice the GPU): under MPS a
+    client killed with a kernel in flight is a fatal fault for every client of the GPU (MPS's error
+    containment), and their CUDA contexts are lost whatever the library does."""
+    env = {"ll": CONFIGS["ll"], "one_shot": CONFIGS["one_shot"],
+           "host_mapped": {**CONFIGS["ll"], **CONFIGS["host_mapped"]}}[config]
+    env = {**env, "CUDA_MPS_PIPE_DIRECTORY": "/nonexistent/tilecomm-no-mps"}  # no MPS daemon there
+    out = gpu_harness.spawn_ranks(3, "spawn_killed_mid_kernel", env, timeout=120.0, port2=gpu_harness.free_port())
+    assert out[2][0] == "died", out
+    for rank, (status, r) in enumerate(out[:2]):
+        assert status == "ok", out
+        assert r["waited"] < 15.0, r
+        assert len(r["errors"]) == 2 and "has failed" in r["errors"][1], r
+        first = r["errors"][0]
+        assert "rank 2 (pid" in first and "exited" in first, r
+        # rank 1's kernel was waiting when rank 2 died; rank 0 called later and launched nothing
+        assert ("stopped waiting on the GPU" if rank == 1 else "launches no more direct kernels") in first, r
+        assert r["recovered"] is True, r
 
 
 @pytest.mark.parametrize("world", WORLDS)

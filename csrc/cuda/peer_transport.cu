@@ -1,0 +1,182 @@
+#include "cuda/peer_transport.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "common/error.h"
+#include "cuda/cuda_ipc.h"
+
+namespace tilecomm::cuda {
+
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw Error(ErrorKind::kSystem, std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+}  // namespace
+
+const char* peerMemoryName(PeerMemory m) { return m == PeerMemory::kHostMapped ? "host_mapped" : "cuda_ipc"; }
+
+PeerTransport::PeerTransport(PeerMemory memory, int rank, int world, int device, uint64_t capacity,
+                             uint64_t ll_capacity, cudaStream_t stream)
+    : memory_(memory),
+      rank_(rank),
+      world_(world),
+      device_(device),
+      capacity_((capacity + 255) / 256 * 256),
+      ll_capacity_((ll_capacity + 255) / 256 * 256) {
+  if (world > kMaxRanks)
+    throw Error(ErrorKind::kInvalid, std::string(peerMemoryName(memory)) + " supports groups of at most " +
+                                         std::to_string(kMaxRanks) + " ranks");
+  int prev = 0;
+  check(cudaGetDevice(&prev), "cudaGetDevice");
+  check(cudaSetDevice(device), "cudaSetDevice");
+  try {
+    int sms = 0;
+    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+    block_budget_ = std::max(1, std::min(kMaxBlocks, sms / world));
+    const uint64_t bytes = kFlagBytes + 2 * capacity_ + 2 * static_cast<uint64_t>(world) * 2 * ll_capacity_;
+    // NOTE: zeroed once, here; flags, counter and LL lines are never reset afterwards (Note [Flags]).
+    if (memory == PeerMemory::kHostMapped) {
+      own_host_ = createHostArea(bytes);
+      own_ = own_host_.device;
+    } else {
+      own_ = ipc::allocate(bytes, stream);
+    }
+    check(cudaHostAlloc(reinterpret_cast<void**>(&err_host_), sizeof(KernelError), cudaHostAllocMapped),
+          "cudaHostAlloc (error record)");
+    std::memset(err_host_, 0, sizeof(KernelError));
+    check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&err_dev_), err_host_, 0), "cudaHostGetDevicePointer");
+  } catch (...) {
+    if (own_host_.device) {
+      unlinkOwn();
+      closeHostArea(own_host_);
+    } else if (own_) {
+      ipc::release(own_);
+    }
+    if (err_host_) cudaFreeHost(err_host_);
+    cudaSetDevice(prev);
+    throw;
+  }
+  peers_.base[rank] = own_;
+  cudaSetDevice(prev);
+}
+
+PeerTransport::~PeerTransport() {
+  // Errors are ignored: at process exit the runtime may already be gone.
+  int prev = 0;
+  if (cudaGetDevice(&prev) != cudaSuccess) return;
+  cudaSetDevice(device_);
+  for (char* p : opened_) ipc::close(p);
+  for (HostArea& a : opened_host_) closeHostArea(a);
+  if (memory_ == PeerMemory::kHostMapped) {
+    unlinkOwn();
+    closeHostArea(own_host_);
+  } else if (own_) {
+    ipc::release(own_);
+  }
+  if (err_host_) cudaFreeHost(err_host_);
+  cudaSetDevice(prev);
+}
+
+std::string PeerTransport::exportHandle() const {
+  return memory_ == PeerMemory::kHostMapped ? own_host_.seg.name : ipc::exportHandle(own_);
+}
+
+std::string PeerTransport::open(const std::vector<std::string>& handles) {
+  if (static_cast<int>(handles.size()) != world_) return "expected one handle per rank";
+  int prev = 0;
+  if (cudaGetDevice(&prev) != cudaSuccess || cudaSetDevice(device_) != cudaSuccess) return "cannot select the device";
+  const uint64_t bytes = kFlagBytes + 2 * capacity_ + 2 * static_cast<uint64_t>(world_) * 2 * ll_capacity_;
+  std::string why;
+  for (int r = 0; r < world_ && why.empty(); ++r) {
+    if (r == rank_) continue;
+    char* p = nullptr;
+    if (memory_ == PeerMemory::kHostMapped) {
+      HostArea a = openHostArea(handles[r], bytes, why);
+      if (a.device) opened_host_.push_back(a);
+      p = a.device;
+    } else {
+      p = ipc::open(handles[r], why);
+      if (p) opened_.push_back(p);
+    }
+    if (!why.empty()) why = "rank " + std::to_string(r) + ": " + why;
+    peers_.base[r] = p;
+  }
+  cudaSetDevice(prev);
+  return why;
+}
+
+void PeerTransport::unlinkOwn() {
+  if (memory_ == PeerMemory::kHostMapped && !own_host_.seg.name.empty()) {
+    shm_unlink(own_host_.seg.name.c_str());
+    own_host_.seg.name.clear();
+  }
+}
+
+void PeerTransport::drain(int64_t timeout_ms) {
+  if (failedLaunch() != 0) return;
+  int prev = 0;
+  if (cudaGetDevice(&prev) != cudaSuccess || cudaSetDevice(device_) != cudaSuccess) return;
+  auto seqOf = [](char* base, uint64_t& v) {
+    return cudaMemcpy(&v, &counterOf(base)->seq, sizeof(v), cudaMemcpyDefault) == cudaSuccess;
+  };
+  uint64_t last = 0;
+  if (seqOf(own_, last) && last > 0) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    for (int q = 0; q < world_; ++q) {
+      // NOTE: a dead peer's area is not read (Note [GPU watchdog]): its memory may be gone.
+      if (q == rank_) continue;
+      uint64_t v = 0;
+      while (static_cast<volatile KernelError*>(err_host_)->dead_peer != q + 1 && seqOf(peers_.base[q], v) &&
+             v < last && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  cudaSetDevice(prev);
+}
+
+uint64_t PeerTransport::failedLaunch() const {
+  const volatile KernelError* e = err_host_;
+  return e->ready ? e->launch : 0;
+}
+
+void PeerTransport::peerDied(int peer, const std::string& note) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!death_note_.empty()) return;
+    death_note_ = note;
+  }
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  static_cast<volatile KernelError*>(err_host_)->dead_peer = peer + 1;
+}
+
+std::string PeerTransport::deathNote() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return death_note_;
+}
+
+std::string PeerTransport::errorText() const {
+  const volatile KernelError* e = err_host_;
+  if (!e->ready) return "";
+  static const char* kKinds[] = {"direct all_reduce", "LL all_reduce", "LL all_gather"};
+  const std::string what = std::string(e->kind >= 0 && e->kind < 3 ? kKinds[e->kind] : "direct call") + " #" +
+                           std::to_string(e->seq) + " (" + peerMemoryName(memory_) + ")";
+  const std::string peer = std::to_string(e->peer);
+  if (e->reason == static_cast<int>(WaitFailure::kPeerDied)) {
+    std::lock_guard<std::mutex> lk(mu_);
+    return "rank " + std::to_string(rank_) + " stopped waiting on the GPU in " + what + ": " + death_note_;
+  }
+  return "rank " + std::to_string(rank_) + " timed out on the GPU after " + std::to_string(e->waited_ns / 1000000) +
+         " ms waiting for rank " + peer + " in " + what + "; rank " + peer +
+         " did not arrive: it died, hangs, or called a different collective";
+}
+
+}  // namespace tilecomm::cuda

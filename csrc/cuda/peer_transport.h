@@ -1,0 +1,178 @@
+// The GPU peer transport: ranks of one host whose kernels load and store each
+// other's memory. Each rank makes one area (sequence flags and counter, two
+// staging buffers, two LL buffers) in one of two kinds of memory:
+// - cuda_ipc (cuda_ipc.h): in its GPU's memory, opened by peers through CUDA
+//   IPC; needs peer access between the GPUs (or ranks sharing one GPU);
+// - host_mapped (host_mapped.h): in a shared-memory segment of the host that
+//   every process registers with its GPU; for GPUs without peer access (PCIe).
+// The handles (IPC handles or segment names) are exchanged once per group
+// through the c10d Store by the caller. The transport knows no collective: the
+// direct kernels (allreduce_*.cu, allgather_*.cu) give the flags and buffers
+// their meaning, and run unchanged over either kind.
+//
+// Note [Device sequence]: every direct call has a sequence number s (from 1),
+// the same on every rank because every rank makes the same direct calls in the
+// same order. It lives in device memory (SeqCounter), not in a kernel argument:
+// each kernel reads s = counter.seq + 1 at its start, and the last of its blocks
+// to finish stores counter.seq = s. So a kernel captured in a CUDA graph gets a
+// fresh s at every replay, and counter.seq = s also says "my kernel of call s
+// has stopped touching peers' memory" (PeerTransport::drain waits for that).
+//
+// Note [Flags]: a flag holds the sequence number of the last direct call whose
+// phase it announces. Values only grow (the area is zeroed once, at creation,
+// and never reset), so a waiter asks "flag >= my call's sequence number" and a
+// stale flag can never look fresh. LL lines (primitives.cuh) carry a 32-bit
+// flag derived from s the same way.
+//
+// Note [Staging parity]: call s uses staging buffer s % 2 and LL buffer s % 2.
+// A rank writes buffer s % 2 (its own staging buffer, or its LL slot in a
+// peer's LL buffer) again only at call s + 2 or later, and it starts that call
+// after its kernel of call s + 1 ended, which waited for every peer's part of
+// call s + 1, which every peer produced after its kernel of call s ended (one
+// stream runs one kernel at a time): so no peer still reads the buffer.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "cuda/host_mapped.h"
+
+namespace tilecomm::cuda {
+
+constexpr int kMaxRanks = 16;    // a larger group uses the staged path
+constexpr int kMaxBlocks = 128;  // thread blocks of one simple direct kernel (each has its own flags)
+// Flags per block: phase 0 (input staged), 1 (two_shot: reduced part staged).
+constexpr int kPhases = 2;
+// The largest message an LL kernel carries per rank (bytes of data; its LL lines take twice that).
+constexpr uint64_t kLLMaxBytes = 1u << 20;
+
+/// Base addresses of every rank's area, as this process sees them (own: its pointer).
+struct PeerTable {
+  char* base[kMaxRanks];
+};
+
+/// Where the ranks' areas live.
+enum class PeerMemory : int { kCudaIpc = 0, kHostMapped };
+const char* peerMemoryName(PeerMemory m);  // "cuda_ipc" | "host_mapped"
+
+/// What a direct kernel ran, for error messages.
+enum class KernelKind : int { kAllReduce = 0, kAllReduceLL, kAllGatherLL };
+
+/// Why a kernel stopped waiting.
+enum class WaitFailure : int { kTimeout = 0, kPeerDied };
+
+/// Written by a kernel whose wait failed (in mapped pinned host memory), and the host's
+/// watchdog word that makes waits give up (Note [GPU watchdog]).
+struct KernelError {
+  unsigned int claimed;  // 0 -> 1 by the first failing thread
+  unsigned int ready;    // 1 once the fields below are written
+  int peer;              // the rank waited for (kTimeout) or the rank that died (kPeerDied)
+  int kind;              // KernelKind
+  int reason;            // WaitFailure
+  unsigned long long seq;     // the direct call's sequence number (Note [Device sequence])
+  unsigned long long launch;  // the host's launch id of the kernel (frozen in a CUDA graph)
+  unsigned long long waited_ns;
+  int dead_peer;  // written by the host: 1 + a rank whose process exited (0: none)
+};
+
+/// This rank's call counter (Note [Device sequence]); only its own kernels touch it.
+struct SeqCounter {
+  unsigned long long seq;      // the last call whose kernel finished on this rank
+  unsigned long long blocks;   // thread blocks of all finished kernels
+  unsigned long long arrived;  // thread blocks that finished (atomically counted)
+};
+
+/// Byte offsets inside an area: [flags | counter] [staging 0] [staging 1] [LL 0] [LL 1]; an LL
+/// buffer holds one slot per rank of 2 x ll_capacity bytes (16-byte lines carrying 8 data bytes).
+constexpr uint64_t kFlagBytes = 4096;
+constexpr uint64_t kCounterOffset = kPhases * kMaxBlocks * sizeof(uint64_t);
+static_assert(kCounterOffset + sizeof(SeqCounter) <= kFlagBytes, "flags and counter must fit their page");
+__host__ __device__ inline uint64_t* flagOf(char* base, int phase, int block) {
+  return reinterpret_cast<uint64_t*>(base) + phase * kMaxBlocks + block;
+}
+__host__ __device__ inline SeqCounter* counterOf(char* base) {
+  return reinterpret_cast<SeqCounter*>(base + kCounterOffset);
+}
+__host__ __device__ inline char* stagingOf(char* base, uint64_t capacity, uint64_t seq) {
+  return base + kFlagBytes + (seq & 1) * capacity;
+}
+__host__ __device__ inline char* llSlotOf(char* base, uint64_t capacity, uint64_t ll_capacity, int world,
+                                          uint64_t seq, int slot) {
+  return base + kFlagBytes + 2 * capacity + ((seq & 1) * world + slot) * 2 * ll_capacity;
+}
+
+// Note [GPU watchdog]: a peer that dies mid-kernel would leave the others'
+// kernels waiting until the group timeout (30 minutes by default). The host
+// watches the peers' processes (CudaGroup's watchdog thread) and, when one has
+// exited, writes its rank into the mapped word KernelError::dead_peer; every
+// wait loop reads it every few hundred polls and gives up, recording which rank
+// died, so the kernel ends and the host raises an error naming the rank.
+
+class PeerTransport {
+ public:
+  /// Makes and zeroes this rank's area of kind `memory` for `device` (capacity: bytes per
+  /// staging buffer, ll_capacity: largest LL message per rank, both rounded up to 256). Throws
+  /// tilecomm::Error on a CUDA or system failure.
+  PeerTransport(PeerMemory memory, int rank, int world, int device, uint64_t capacity, uint64_t ll_capacity,
+                cudaStream_t stream);
+  ~PeerTransport();
+  PeerTransport(const PeerTransport&) = delete;
+  PeerTransport& operator=(const PeerTransport&) = delete;
+
+  /// What peers need to open this area: an IPC handle's bytes, or a segment name.
+  std::string exportHandle() const;
+  /// Opens every peer's area from its handle (own entry ignored). Returns "" or why it failed.
+  std::string open(const std::vector<std::string>& handles);
+  /// host_mapped: unlinks this rank's segment (once every peer opened it). No-op for cuda_ipc.
+  void unlinkOwn();
+  PeerMemory memory() const { return memory_; }
+
+  int rank() const { return rank_; }
+  int world() const { return world_; }
+  uint64_t capacity() const { return capacity_; }
+  uint64_t llCapacity() const { return ll_capacity_; }
+  /// Thread blocks one rank's kernel may use: the ranks' spinning kernels must all be resident
+  /// at once when they share a GPU, so together they take at most one block per SM.
+  int blockBudget() const { return block_budget_; }
+  const PeerTable& peers() const { return peers_; }
+  /// Launch id of the next direct kernel launched from the host (from 1). A kernel replayed from
+  /// a CUDA graph keeps the id it was captured with; sequence numbers come from the device.
+  uint64_t nextLaunch() { return ++launches_; }
+  /// Before the area is freed: waits (at most timeout_ms) until every peer's kernel of this
+  /// rank's last direct call ended (Note [Device sequence]). The stream must be idle.
+  void drain(int64_t timeout_ms);
+  KernelError* errorForDevice() const { return err_dev_; }
+  /// Launch id of the first direct kernel whose wait failed, 0 if none.
+  uint64_t failedLaunch() const;
+  /// What failed, naming the rank waited for or the rank that died ("" if nothing did).
+  std::string errorText() const;
+  /// Note [GPU watchdog]: peer's process exited (`note` says how); waits give up from now on.
+  void peerDied(int peer, const std::string& note);
+  /// The note of a peer that died ("" while none has).
+  std::string deathNote() const;
+
+ private:
+  PeerMemory memory_;
+  int rank_;
+  int world_;
+  int device_;
+  uint64_t capacity_;
+  uint64_t ll_capacity_;
+  int block_budget_ = 1;
+  uint64_t launches_ = 0;
+  char* own_ = nullptr;           // this rank's area as its GPU addresses it
+  HostArea own_host_;             // host_mapped: its segment
+  PeerTable peers_{};
+  std::vector<char*> opened_;     // cuda_ipc: peers' areas
+  std::vector<HostArea> opened_host_;  // host_mapped: peers' segments
+  mutable std::mutex mu_;  // death_note_
+  std::string death_note_;
+  KernelError* err_host_ = nullptr;
+  KernelError* err_dev_ = nullptr;
+};
+
+}  // namespace tilecomm::cuda

@@ -1,0 +1,166 @@
+"""Cost model of the CUDA direct kernels, and the size thresholds it gives the C++ side.
+
+Each kernel of ``csrc/cuda/`` declares its cost terms here, once (``KERNELS``):
+``rounds``, the trips through peer memory on its critical path (a flag round,
+or LL's one-way trip), and ``wire``, the bytes each rank moves through peer
+memory per byte of the message (LL lines carry 8 data bytes in 16, so they
+count twice). A kernel's predicted time for an n-byte message at p ranks is
+(``predict``, the one formula)::
+
+    alpha + rounds * (alpha_round + alpha_peer * (p - 1)) + wire(p) * n * beta
+
+with alpha (s per call: the launch and the kernel's fixed work), alpha_round
+(s per round), alpha_peer (s per round and peer) and beta (s per byte)
+belonging to a peer memory (``cuda_ipc``: GPU memory; ``host_mapped``:
+shared host memory over PCIe) and a protocol (``ll`` or ``simple``). The
+constants live in the profile's ``cuda`` section (the shipped default's, or
+one fitted by ``python -m tilecomm.tune --cuda-from``); ``thresholds`` turns
+them into what the group's C++ side looks up per call: per peer memory, the
+largest all_reduce that runs the LL kernel and the smallest that runs
+two_shot. The same LL limit serves all_gather (its LL kernel is the only
+direct one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+MEMORIES = ("cuda_ipc", "host_mapped")  # index = cuda::PeerMemory
+PROTOCOLS = ("ll", "simple")
+LL_MAX_BYTES = 1 << 20  # the LL buffer (cuda::kLLMaxBytes)
+NEVER = (1 << 64) - 1  # a threshold no message reaches
+
+
+@dataclass(frozen=True)
+class Kernel:
+    collective: str
+    protocol: str
+    rounds: Callable[[int], float]
+    wire: Callable[[int], float]  # bytes moved per rank per message byte
+
+
+KERNELS = {
+    # LL: one one-way trip; (p - 1) x 2n of lines written to peers (and read locally).
+    "allreduce_one_shot_ll": Kernel("all_reduce", "ll", lambda p: 1, lambda p: 2 * (p - 1)),
+    # stage n, one flag round, read (p - 1) x n of peers' staging buffers.
+    "allreduce_one_shot": Kernel("all_reduce", "simple", lambda p: 1, lambda p: p),
+    # stage n; round 1: reduce my 1/p from the peers; round 2: gather the other (p - 1)/p.
+    "allreduce_two_shot": Kernel("all_reduce", "simple", lambda p: 2, lambda p: 1 + 2 * (p - 1) / p),
+    "allgather_direct_ll": Kernel("all_gather", "ll", lambda p: 1, lambda p: 2 * (p - 1)),
+}
+
+# Fitted on one H200 shared by 2 and 4 ranks under MPS, from CUDA-graph replay of the forced kernels
+# (benchmarks/results/gpu_latency_h200_transports.jsonl; the fit and its errors: docs/benchmarks.md).
+# A machine whose GPUs are joined otherwise (NVLink between GPUs, PCIe) wants its own fit.
+DEFAULT = {
+    "cuda_ipc": {
+        "ll": {"alpha_s": 3.3e-06, "alpha_round_s": 0.0, "alpha_peer_s": 1.5e-06, "beta_s_per_byte": 2.4e-12},
+        "simple": {"alpha_s": 3.7e-06, "alpha_round_s": 1.3e-06, "alpha_peer_s": 1.8e-06, "beta_s_per_byte": 3.9e-12},
+    },
+    "host_mapped": {
+        "ll": {"alpha_s": 5.8e-06, "alpha_round_s": 0.0, "alpha_peer_s": 3.5e-06, "beta_s_per_byte": 3.6e-10},
+        "simple": {"alpha_s": 5.7e-06, "alpha_round_s": 1.3e-06, "alpha_peer_s": 4.2e-06, "beta_s_per_byte": 6.5e-11},
+    },
+}
+_KEYS = ("alpha_s", "alpha_round_s", "alpha_peer_s", "beta_s_per_byte")
+
+
+def constants(profile) -> dict:
+    """The profile's ``cuda`` section, completed from the shipped default where it has no entry."""
+    own = (profile or {}).get("cuda", {})
+    return {m: {pr: dict(own.get(m, {}).get(pr) or DEFAULT[m][pr]) for pr in PROTOCOLS} for m in MEMORIES}
+
+
+def predict(kernel: str, p: int, nbytes: int, consts: dict, memory: str) -> float:
+    """Predicted seconds of one call of `kernel` at p ranks over `memory` (constants from ``constants``)."""
+    k = KERNELS[kernel]
+    c = consts[memory][k.protocol]
+    rounds = k.rounds(p) * (c["alpha_round_s"] + c["alpha_peer_s"] * (p - 1))
+    return c["alpha_s"] + rounds + k.wire(p) * nbytes * c["beta_s_per_byte"]
+
+
+def thresholds(profile, p: int) -> dict:
+    """Per peer memory: ``ll_bytes`` (all_reduce up to this size runs LL; at most the LL buffer) and
+    ``two_shot_bytes`` (from this size on the simple path runs two_shot), from the model at p ranks."""
+    consts = constants(profile)
+    out = {}
+    sizes = [1 << k for k in range(4, 41)]
+    for m in MEMORIES:
+        def t(kernel, n, m=m):
+            return predict(kernel, p, n, consts, m)
+
+        two_shot = next((n for n in sizes if t("allreduce_two_shot", n) < t("allreduce_one_shot", n)), NEVER)
+
+        def simple(n, two_shot=two_shot):
+            return t("allreduce_two_shot" if n >= two_shot else "allreduce_one_shot", n)
+
+        ll = 0
+        for n in sizes:
+            if n > LL_MAX_BYTES or t("allreduce_one_shot_ll", n) > simple(n):
+                break
+            ll = n
+        out[m] = {"ll_bytes": ll, "two_shot_bytes": two_shot}
+    return out
+
+
+def check(section, where: str):
+    """Raises ValueError unless `section` is a valid ``cuda`` profile section (entries may be missing)."""
+    if not isinstance(section, dict):
+        raise ValueError(f"{where}: expected an object")
+    for m, per_proto in section.items():
+        if m not in MEMORIES or not isinstance(per_proto, dict):
+            raise ValueError(f"{where}: {m!r} is not one of {', '.join(MEMORIES)} with an object")
+        for pr, c in per_proto.items():
+            at = f"{where}.{m}.{pr}"
+            if pr not in PROTOCOLS or not isinstance(c, dict):
+                raise ValueError(f"{at}: expected a protocol ({', '.join(PROTOCOLS)}) with an object")
+            for key in _KEYS:
+                v = c.get(key)
+                if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0 or v == float("inf"):
+                    raise ValueError(f"{at}.{key}: expected a finite number >= 0, got {v!r}")
+
+
+def samples(records) -> list[tuple[str, str, int, int, float]]:
+    """(memory, kernel, p, bytes, seconds) of every CUDA-graph all_reduce and all_gather time of a
+    forced kernel in ``benchmarks/gpu_latency.py`` records (each names, per entry, the kernel that ran
+    and its memory). The ``auto`` entries are left out: they validate the fit."""
+    out = []
+    for r in records:
+        for key, kernel in r.get("kernels", {}).items():
+            entry = key.split(":", 1)[1]
+            if entry.removeprefix("hm_") == "auto":
+                continue
+            v = r.get(f"{key}:graph")
+            memory = r.get("memory", {}).get(entry)
+            if kernel in KERNELS and memory in MEMORIES and isinstance(v, (int, float)) and v > 0:
+                out.append((memory, kernel, int(r["world"]), int(r["bytes"]), float(v) * 1e-6))
+    return out
+
+
+def fit(records, base=None) -> tuple[dict, list[str]]:
+    """Least-squares constants (relative error) per (memory, protocol) from gpu_latency records; entries
+    without enough points keep `base`'s (the shipped default). Returns (cuda section, warnings)."""
+    import numpy as np  # noqa: PLC0415
+
+    from tilecomm.fit import bounded_lstsq, errors  # noqa: PLC0415
+
+    consts, notes = constants({"cuda": base or {}}), []
+    pts = samples(records)
+    for m in MEMORIES:
+        for pr in PROTOCOLS:
+            rows = [(k, p, n, t) for mm, k, p, n, t in pts if mm == m and KERNELS[k].protocol == pr]
+            if len({(p, n) for _, p, n, _ in rows}) < 3 or len({p for _, p, _, _ in rows}) < 2:
+                notes.append(f"cuda {m} {pr}: {len(rows)} point(s) over fewer than 2 world sizes; kept the defaults")
+                continue
+            A = np.array([[1.0, KERNELS[k].rounds(p), KERNELS[k].rounds(p) * (p - 1), KERNELS[k].wire(p) * n]
+                          for k, p, n, _ in rows])
+            t = np.array([r[3] for r in rows])
+            # One number of rounds (LL: always 1) cannot tell alpha from alpha_round: alpha_round stays 0.
+            cols = [0, 2, 3] if len(set(A[:, 1])) == 1 else [0, 1, 2, 3]
+            x = np.zeros(len(_KEYS))
+            x[cols] = bounded_lstsq(A[:, cols] / t[:, None], np.ones_like(t), [0.0] * len(cols))
+            consts[m][pr] = dict(zip(_KEYS, (float(v) for v in x)))
+            err = errors(A @ x, t)
+            consts[m][pr]["fit"] = {"points": err["points"], "median_error": err["median"], "worst_error": err["worst"]}
+    return consts, notes

@@ -1,0 +1,140 @@
+"""tilecomm.cuda_model: the CUDA kernels' cost model, its fit to gpu_latency records, and the thresholds."""
+
+import json
+
+import pytest
+
+from tilecomm import cuda_model, selector
+
+KNOWN = {
+    "cuda_ipc": {
+        "ll": {"alpha_s": 4e-6, "alpha_round_s": 0.0, "alpha_peer_s": 1e-6, "beta_s_per_byte": 2e-12},
+        "simple": {"alpha_s": 3e-6, "alpha_round_s": 2e-6, "alpha_peer_s": 2e-6, "beta_s_per_byte": 1e-12},
+    },
+    "host_mapped": {
+        "ll": {"alpha_s": 8e-6, "alpha_round_s": 0.0, "alpha_peer_s": 3e-6, "beta_s_per_byte": 4e-10},
+        "simple": {"alpha_s": 5e-6, "alpha_round_s": 3e-6, "alpha_peer_s": 4e-6, "beta_s_per_byte": 5e-11},
+    },
+}
+ENTRIES = {"ll": "allreduce_one_shot_ll", "one_shot": "allreduce_one_shot", "two_shot": "allreduce_two_shot"}
+
+
+def records(consts, worlds=(2, 4), sizes=(8, 1024, 65536, 1 << 20), noise=0.0):
+    """gpu_latency-style records whose graph times follow `consts` exactly (times in microseconds)."""
+    out = []
+    for p in worlds:
+        for i, n in enumerate(sizes):
+            r = {"world": p, "bytes": n, "kernels": {}, "memory": {}}
+            for prefix, memory in (("", "cuda_ipc"), ("hm_", "host_mapped")):
+                for entry, kernel in ENTRIES.items():
+                    key = f"all_reduce:{prefix}{entry}"
+                    wobble = 1 + noise * (-1) ** (i + len(entry))
+                    r[f"{key}:graph"] = cuda_model.predict(kernel, p, n, consts, memory) * 1e6 * wobble
+                    r["kernels"][key] = kernel
+                    r["memory"][f"{prefix}{entry}"] = memory
+                r[f"all_reduce:{prefix}ll:eager"] = 40.0  # eager times are not fitted
+            out.append(r)
+    return out
+
+
+def test_fit_recovers_known_constants():
+    consts, notes = cuda_model.fit(records(KNOWN))
+    assert notes == []
+    for m in cuda_model.MEMORIES:
+        for pr in cuda_model.PROTOCOLS:
+            for key, want in KNOWN[m][pr].items():
+                assert consts[m][pr][key] == pytest.approx(want, rel=1e-6), (m, pr, key)
+            assert consts[m][pr]["fit"]["median_error"] < 1e-9
+
+
+def test_fit_with_noise_stays_close():
+    consts, _ = cuda_model.fit(records(KNOWN, sizes=(8, 64, 1024, 16384, 262144, 1 << 20), noise=0.05))
+    for m in cuda_model.MEMORIES:
+        for pr in cuda_model.PROTOCOLS:
+            c = consts[m][pr]
+            assert c["fit"]["median_error"] < 0.1
+            for n in (8, 4096, 1 << 20):
+                for p in (2, 4):
+                    k = "allreduce_one_shot_ll" if pr == "ll" else "allreduce_one_shot"
+                    got = cuda_model.predict(k, p, n, consts, m)
+                    assert got == pytest.approx(cuda_model.predict(k, p, n, KNOWN, m), rel=0.15)
+
+
+def test_too_few_points_keep_the_defaults():
+    one_world = records(KNOWN, worlds=(4,))
+    consts, notes = cuda_model.fit(one_world)
+    assert len(notes) == 4 and all("kept the defaults" in n for n in notes)
+    assert consts == cuda_model.constants(None)
+
+
+def test_samples_skip_failures_staged_and_eager():
+    r = records(KNOWN, worlds=(2,), sizes=(8,))[0]
+    r["all_reduce:one_shot:graph"] = "failed: something"
+    r["kernels"]["all_gather:ll"] = "staged"
+    got = cuda_model.samples([r])
+    kinds = {(m, k) for m, k, *_ in got}
+    assert ("cuda_ipc", "allreduce_one_shot") not in kinds
+    assert ("host_mapped", "allreduce_one_shot") in kinds
+    assert all(t > 0 and t < 1e-3 for *_, t in got)  # seconds
+
+
+def test_thresholds_are_the_model_crossovers():
+    prof = {"cuda": KNOWN}
+    for p in (2, 3, 4, 8):
+        for m, t in cuda_model.thresholds(prof, p).items():
+            ll, two = t["ll_bytes"], t["two_shot_bytes"]
+            assert 0 <= ll <= cuda_model.LL_MAX_BYTES
+
+            def simple(n):
+                k = "allreduce_two_shot" if n >= two else "allreduce_one_shot"
+                return cuda_model.predict(k, p, n, KNOWN, m)
+
+            if ll:  # LL wins up to ll ...
+                assert cuda_model.predict("allreduce_one_shot_ll", p, ll, KNOWN, m) <= simple(ll)
+            if 0 < ll < cuda_model.LL_MAX_BYTES:  # ... and loses at the next size
+                assert cuda_model.predict("allreduce_one_shot_ll", p, 2 * ll, KNOWN, m) > simple(2 * ll)
+            if two != cuda_model.NEVER:
+                n = two
+                assert cuda_model.predict("allreduce_two_shot", p, n, KNOWN, m) < cuda_model.predict(
+                    "allreduce_one_shot", p, n, KNOWN, m)
+    # host memory's LL lines are slow per byte: its LL range ends far below GPU memory's
+    t4 = cuda_model.thresholds(prof, 4)
+    assert t4["host_mapped"]["ll_bytes"] < t4["cuda_ipc"]["ll_bytes"]
+
+
+def test_profile_cuda_section_is_checked(tmp_path):
+    good = json.loads(json.dumps(selector.DEFAULT_PROFILE))
+    good["cuda"] = {"host_mapped": {"ll": KNOWN["host_mapped"]["ll"]}}  # partial: the rest from the default
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(good))
+    prof = selector.load_profile(str(path))
+    assert cuda_model.constants(prof)["host_mapped"]["ll"] == KNOWN["host_mapped"]["ll"]
+    assert cuda_model.constants(prof)["cuda_ipc"] == cuda_model.DEFAULT["cuda_ipc"]
+    for bad, what in (({"nvlink": {}}, "nvlink"), ({"cuda_ipc": {"ll128": {}}}, "ll128"),
+                      ({"cuda_ipc": {"ll": {**KNOWN["cuda_ipc"]["ll"], "alpha_s": -1}}}, "alpha_s"),
+                      ({"cuda_ipc": {"ll": {"alpha_s": 1e-6}}}, "alpha_round_s")):
+        good["cuda"] = bad
+        path.write_text(json.dumps(good))
+        with pytest.raises(ValueError, match=what):
+            selector.load_profile(str(path))
+
+
+def test_tune_cuda_from_writes_a_profile(tmp_path, capsys, monkeypatch):
+    from tilecomm import tune
+
+    monkeypatch.delenv("TILECOMM_PROFILE", raising=False)
+    recs = records(KNOWN)
+    for r in recs:  # an auto entry that picked the LL kernel
+        r["all_reduce:auto:graph"] = r["all_reduce:ll:graph"] * 1.1
+        r["kernels"]["all_reduce:auto"] = "allreduce_one_shot_ll"
+        r["memory"]["auto"] = "cuda_ipc"
+    src, out = tmp_path / "lat.jsonl", tmp_path / "prof.json"
+    src.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert tune.main(["--cuda-from", str(src), "-o", str(out)]) == 0
+    prof = selector.load_profile(str(out))
+    assert prof["cuda"]["cuda_ipc"]["ll"]["alpha_s"] == pytest.approx(4e-6)
+    report = capsys.readouterr().out
+    assert "| 4 | host_mapped |" in report and "regret" in report
+    regrets = tune.cuda_regret(recs)
+    assert {k for k in regrets} == {(2, "all_reduce:auto"), (4, "all_reduce:auto")}
+    assert all(r >= 1.0 for rs in regrets.values() for _, r in rs)
