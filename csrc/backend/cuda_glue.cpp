@@ -67,6 +67,20 @@ CudaGroup::CudaGroup(int rank, int world, c10::intrusive_ptr<c10d::Store> store,
       watch_(std::move(watch)) {}
 
 CudaGroup::~CudaGroup() {
+  releasePeers();
+  // NOTE: after the peers are released (their last kernels may rely on the watchdog to stop
+  // waiting), and on every path (a joinable std::thread must not be destroyed).
+  if (watcher_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lk(watch_mu_);
+      watch_stop_ = true;
+    }
+    watch_cv_.notify_all();
+    watcher_.join();
+  }
+}
+
+void CudaGroup::releasePeers() {
   if (!raw_stream_) return;
   // Errors are ignored: at process exit the runtime may already be gone. A direct kernel
   // still running ends by itself (its waits are bounded), before the buffers are freed.
@@ -76,21 +90,9 @@ CudaGroup::~CudaGroup() {
   cudaStreamSynchronize(raw_stream_);
   // NOTE: a peer may still be reading our staging buffers in its last direct kernel; wait
   // (bounded: a dead peer reads nothing) until each says it is done, then free them.
-  if (ipc_ && watch_) {  // a peer that died since the watchdog last looked is not waited for
-    std::string note;
-    int dead = watch_(note);
-    if (dead >= 0) ipc_->peerDied(dead, note);
-  }
+  if (ipc_ && watch_)  // a peer that died since the watchdog last looked is not waited for
+    for (const auto& [rank, note] : watch_()) ipc_->peerDied(rank, note);
   if (ipc_) ipc_->drain(std::min<int64_t>(settings_.timeout_ms, 10000));
-  if (watcher_.joinable()) {
-    {
-      std::lock_guard<std::mutex> lk(watch_mu_);
-      watch_stop_ = true;
-    }
-    watch_cv_.notify_all();
-    watcher_.join();
-  }
-  ipc_.reset();
   cudaSetDevice(prev);
 }
 
@@ -130,8 +132,8 @@ uint64_t CudaGroup::llLimit() const {
 bool CudaGroup::directEligible(uint64_t nbytes, DType dtype, RedOp op) const {
   if (settings_.allreduce == "staged" || nbytes == 0 || world_ > cuda::kMaxRanks || !cuda::directSupports(dtype, op))
     return false;
-  // Larger than the staging buffers: the simple kernels run once per buffer-sized piece.
-  return nbytes <= llLimit() || settings_.ipc_bytes > 0;
+  // No peer transport without staging buffers; larger messages run in buffer-sized pieces.
+  return settings_.ipc_bytes > 0;
 }
 
 cuda::DirectAlgo CudaGroup::allReduceAlgo(uint64_t nbytes) const {
@@ -179,6 +181,7 @@ bool CudaGroup::directReady(const CudaOp& op) {
 bool CudaGroup::setUpIpc() {
   // NOTE: every rank gets here in the same task (the first direct-eligible call,
   // Note [Issue order]), so the Store exchanges cannot mismatch.
+  std::lock_guard<std::mutex> lk(topo_mu_);  // topo_, read by topology() from other threads
   const std::string key = prefix_ + "cuda_peers/";
   char bus[32] = {0};
   const std::string mine =
@@ -246,12 +249,7 @@ void CudaGroup::watchLoop() {
   while (!watch_stop_) {
     watch_cv_.wait_for(lk, std::chrono::milliseconds(20));
     if (watch_stop_) return;
-    std::string note;
-    int dead = watch_(note);
-    if (dead >= 0) {
-      ipc_->peerDied(dead, note);
-      return;
-    }
+    for (const auto& [rank, note] : watch_()) ipc_->peerDied(rank, note);
   }
 }
 
@@ -317,6 +315,7 @@ std::string CudaGroup::status() const {
 }
 
 GpuTopology CudaGroup::topology() const {
+  std::lock_guard<std::mutex> lk(topo_mu_);
   GpuTopology t = topo_;
   if (ipc_state_ == Ipc::kUnset) t.transport = settings_.allreduce == "staged" ? "staged" : "unset";
   return t;

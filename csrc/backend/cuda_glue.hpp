@@ -53,10 +53,10 @@ struct CudaSettings {
   uint64_t ipc_bytes = 4u << 20;   // largest all_reduce run by a direct kernel (per staging buffer)
   int64_t timeout_ms = 30 * 60 * 1000;   // the group's timeout
   std::string proto = "auto";            // auto | ll | simple
-  // Per peer memory (indexed by cuda::PeerMemory), from the selector's CUDA model at this world
-  // size unless TILECOMM_LL_BYTES / TILECOMM_CUDA_TWO_SHOT_BYTES say otherwise:
-  uint64_t ll_bytes[2] = {512u << 10, 8u << 10};          // auto: LL up to this size
-  uint64_t two_shot_bytes[2] = {256u << 10, 256u << 10};  // auto: two_shot from this size on
+  // Per peer memory (indexed by cuda::PeerMemory, the order of cuda_model.MEMORIES), set by
+  // set_cuda from the selector's CUDA model or TILECOMM_LL_BYTES / TILECOMM_CUDA_TWO_SHOT_BYTES:
+  uint64_t ll_bytes[2] = {0, 0};                                 // auto: LL up to this size
+  uint64_t two_shot_bytes[2] = {~uint64_t{0}, ~uint64_t{0}};     // auto: two_shot from this size on
   std::string transport = "auto";        // auto | host_mapped (TILECOMM_TRANSPORT)
   // How GPUs of the host are joined, from NVML on rank 0: "<bus id> <bus id>" -> nvlink | pcie | none
   // (both orders; bus ids as canonicalBusId writes them). Missing pairs are "unknown".
@@ -133,6 +133,8 @@ class CudaGroup {
 
  private:
   bool setUpIpc();
+  /// At destruction: waits for the internal stream and for the peers to stop reading our area.
+  void releasePeers();
   /// One attempt of setUpIpc with areas of kind m; false (and ipc_why_ extended) if any rank failed.
   bool tryMemory(cuda::PeerMemory m);
   void watchLoop();
@@ -157,6 +159,7 @@ class CudaGroup {
   std::string ipc_why_;
   std::shared_ptr<cuda::PeerTransport> ipc_;
   GpuTopology topo_;
+  mutable std::mutex topo_mu_;
   std::atomic<int> last_kernel_{-1};  // DirectAlgo, or kLastAllGatherLL
 
   PeerWatch watch_;  // Note [GPU watchdog]

@@ -390,17 +390,15 @@ std::string ProcessGroupTilecomm::cudaLastKernel() const { return cuda_ ? cuda_-
 
 PeerWatch ProcessGroupTilecomm::peerWatch() const {
   std::weak_ptr<exec::Engine> weak = engine_;
-  return [weak](std::string& note) {
+  return [weak] {
+    std::vector<std::pair<int, std::string>> dead;
     auto e = weak.lock();
-    if (!e) return -1;
+    if (!e) return dead;
     transport::Transport& tr = e->transport();
-    for (int r = 0; r < e->world(); ++r) {
-      if (r != e->rank() && tr.link(r) == transport::Link::kShm && tr.shm().peerDead(r)) {
-        note = tr.deathNote(r);
-        return r;
-      }
-    }
-    return -1;
+    for (int r = 0; r < e->world(); ++r)
+      if (r != e->rank() && tr.link(r) == transport::Link::kShm && tr.shm().peerDead(r))
+        dead.emplace_back(r, tr.deathNote(r));
+    return dead;
   };
 }
 #endif

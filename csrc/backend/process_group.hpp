@@ -9,6 +9,8 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "exec/engine.h"
 
@@ -21,9 +23,9 @@ std::optional<DType> toDType(at::ScalarType t);
 struct CudaOp;
 class CudaGroup;
 struct GpuTopology;
-/// Note [GPU watchdog] (cuda/peer_transport.h): returns a rank of the group whose process has
-/// exited (and says how in `note`), or -1. Called from the CUDA group's watchdog thread.
-using PeerWatch = std::function<int(std::string& note)>;
+/// Note [GPU watchdog] (cuda/peer_transport.h): the ranks of the group whose processes have
+/// exited, each with how ("rank 2 (pid 935) exited"). Called from the CUDA group's watchdog thread.
+using PeerWatch = std::function<std::vector<std::pair<int, std::string>>()>;
 
 /// Maps a call's tensors to the ones its body works on: the tensors themselves
 /// (CPU), or pinned host copies (CUDA tensors on the staged path).
@@ -126,7 +128,7 @@ class ProcessGroupTilecomm : public c10d::Backend {
 #ifdef TILECOMM_WITH_CUDA
   GpuTopology cudaTopology() const;
   std::string cudaLastKernel() const;
-  /// Note [GPU watchdog]: the first peer of this host whose process has exited.
+  /// Note [GPU watchdog]: the peers of this host whose processes have exited.
   PeerWatch peerWatch() const;
 #endif
 

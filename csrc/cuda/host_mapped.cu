@@ -1,7 +1,6 @@
 #include "cuda/host_mapped.h"
 
 #include <cuda_runtime_api.h>
-#include <sys/mman.h>
 
 #include "common/error.h"
 
@@ -34,7 +33,7 @@ HostArea createHostArea(uint64_t bytes) {
   a.seg = transport::createSegment(bytes);  // zero-filled
   std::string why = registerArea(a);
   if (!why.empty()) {
-    shm_unlink(a.seg.name.c_str());
+    transport::unlinkSegment(a.seg.name);
     transport::unmapSegment(a.seg);
     throw Error(ErrorKind::kSystem, "host_mapped area (" + std::to_string(bytes) + " bytes): " + why);
   }

@@ -1,7 +1,5 @@
 #include "cuda/peer_transport.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -42,7 +40,7 @@ PeerTransport::PeerTransport(PeerMemory memory, int rank, int world, int device,
     int sms = 0;
     check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
     block_budget_ = std::max(1, std::min(kMaxBlocks, sms / world));
-    const uint64_t bytes = kFlagBytes + 2 * capacity_ + 2 * static_cast<uint64_t>(world) * 2 * ll_capacity_;
+    const uint64_t bytes = areaBytes();
     // NOTE: zeroed once, here; flags, counter and LL lines are never reset afterwards (Note [Flags]).
     if (memory == PeerMemory::kHostMapped) {
       own_host_ = createHostArea(bytes);
@@ -55,13 +53,7 @@ PeerTransport::PeerTransport(PeerMemory memory, int rank, int world, int device,
     std::memset(err_host_, 0, sizeof(KernelError));
     check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&err_dev_), err_host_, 0), "cudaHostGetDevicePointer");
   } catch (...) {
-    if (own_host_.device) {
-      unlinkOwn();
-      closeHostArea(own_host_);
-    } else if (own_) {
-      ipc::release(own_);
-    }
-    if (err_host_) cudaFreeHost(err_host_);
+    releaseOwn();
     cudaSetDevice(prev);
     throw;
   }
@@ -76,14 +68,20 @@ PeerTransport::~PeerTransport() {
   cudaSetDevice(device_);
   for (char* p : opened_) ipc::close(p);
   for (HostArea& a : opened_host_) closeHostArea(a);
-  if (memory_ == PeerMemory::kHostMapped) {
+  releaseOwn();
+  cudaSetDevice(prev);
+}
+
+void PeerTransport::releaseOwn() {
+  if (own_host_.device) {
     unlinkOwn();
     closeHostArea(own_host_);
   } else if (own_) {
     ipc::release(own_);
   }
+  own_ = nullptr;
   if (err_host_) cudaFreeHost(err_host_);
-  cudaSetDevice(prev);
+  err_host_ = nullptr;
 }
 
 std::string PeerTransport::exportHandle() const {
@@ -94,7 +92,7 @@ std::string PeerTransport::open(const std::vector<std::string>& handles) {
   if (static_cast<int>(handles.size()) != world_) return "expected one handle per rank";
   int prev = 0;
   if (cudaGetDevice(&prev) != cudaSuccess || cudaSetDevice(device_) != cudaSuccess) return "cannot select the device";
-  const uint64_t bytes = kFlagBytes + 2 * capacity_ + 2 * static_cast<uint64_t>(world_) * 2 * ll_capacity_;
+  const uint64_t bytes = areaBytes();
   std::string why;
   for (int r = 0; r < world_ && why.empty(); ++r) {
     if (r == rank_) continue;
@@ -114,14 +112,20 @@ std::string PeerTransport::open(const std::vector<std::string>& handles) {
   return why;
 }
 
+uint64_t PeerTransport::areaBytes() const {
+  return kFlagBytes + 2 * capacity_ + 2 * static_cast<uint64_t>(world_) * 2 * ll_capacity_;
+}
+
 void PeerTransport::unlinkOwn() {
   if (memory_ == PeerMemory::kHostMapped && !own_host_.seg.name.empty()) {
-    shm_unlink(own_host_.seg.name.c_str());
+    transport::unlinkSegment(own_host_.seg.name);
     own_host_.seg.name.clear();
   }
 }
 
 void PeerTransport::drain(int64_t timeout_ms) {
+  // NOTE: after a failed kernel the peers' counters need not reach ours (a peer that never
+  // came, or one that launched nothing once it saw a death): nothing to wait for.
   if (failedLaunch() != 0) return;
   int prev = 0;
   if (cudaGetDevice(&prev) != cudaSuccess || cudaSetDevice(device_) != cudaSuccess) return;
@@ -135,8 +139,7 @@ void PeerTransport::drain(int64_t timeout_ms) {
       // NOTE: a dead peer's area is not read (Note [GPU watchdog]): its memory may be gone.
       if (q == rank_) continue;
       uint64_t v = 0;
-      while (static_cast<volatile KernelError*>(err_host_)->dead_peer != q + 1 && seqOf(peers_.base[q], v) &&
-             v < last && std::chrono::steady_clock::now() < deadline)
+      while (!isDead(q) && seqOf(peers_.base[q], v) && v < last && std::chrono::steady_clock::now() < deadline)
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }
@@ -151,11 +154,15 @@ uint64_t PeerTransport::failedLaunch() const {
 void PeerTransport::peerDied(int peer, const std::string& note) {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (!death_note_.empty()) return;
-    death_note_ = note;
+    if (isDead(peer)) return;
+    if (death_note_.empty()) death_note_ = note;
   }
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  static_cast<volatile KernelError*>(err_host_)->dead_peer = peer + 1;
+  __atomic_fetch_or(&err_host_->dead_ranks, 1u << peer, __ATOMIC_SEQ_CST);
+}
+
+bool PeerTransport::isDead(int peer) const {
+  return (__atomic_load_n(&err_host_->dead_ranks, __ATOMIC_SEQ_CST) >> peer) & 1u;
 }
 
 std::string PeerTransport::deathNote() const {

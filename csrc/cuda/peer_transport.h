@@ -76,7 +76,7 @@ struct KernelError {
   unsigned long long seq;     // the direct call's sequence number (Note [Device sequence])
   unsigned long long launch;  // the host's launch id of the kernel (frozen in a CUDA graph)
   unsigned long long waited_ns;
-  int dead_peer;  // written by the host: 1 + a rank whose process exited (0: none)
+  unsigned int dead_ranks;  // written by the host: bit r set once rank r's process exited
 };
 
 /// This rank's call counter (Note [Device sequence]); only its own kernels touch it.
@@ -108,9 +108,13 @@ __host__ __device__ inline char* llSlotOf(char* base, uint64_t capacity, uint64_
 // Note [GPU watchdog]: a peer that dies mid-kernel would leave the others'
 // kernels waiting until the group timeout (30 minutes by default). The host
 // watches the peers' processes (CudaGroup's watchdog thread) and, when one has
-// exited, writes its rank into the mapped word KernelError::dead_peer; every
+// exited, sets its bit in the mapped host word KernelError::dead_ranks; every
 // wait loop reads it every few hundred polls and gives up, recording which rank
-// died, so the kernel ends and the host raises an error naming the rank.
+// died, so the kernel ends and the host raises an error naming the rank. The
+// host launches no direct kernel after that, and never reads a dead rank's area
+// again (drain skips it). A kernel replayed from a CUDA graph after a death, or
+// launched in the watchdog's 20 ms before it noticed, still writes its sends
+// into every peer's area before it waits.
 
 class PeerTransport {
  public:
@@ -152,10 +156,14 @@ class PeerTransport {
   std::string errorText() const;
   /// Note [GPU watchdog]: peer's process exited (`note` says how); waits give up from now on.
   void peerDied(int peer, const std::string& note);
-  /// The note of a peer that died ("" while none has).
+  bool isDead(int peer) const;
+  /// The note of the first peer that died ("" while none has).
   std::string deathNote() const;
 
  private:
+  void releaseOwn();  // this rank's area and error record (the current device is ours)
+  uint64_t areaBytes() const;
+
   PeerMemory memory_;
   int rank_;
   int world_;

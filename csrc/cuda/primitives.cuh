@@ -96,9 +96,9 @@ __device__ __forceinline__ Call beginCall(const CallArgs& a) {
 
 /// Block-wide, at the kernel's end (also after a timeout): the last block to get here
 /// publishes counter.seq = call.seq. NOTE: every block must call it exactly once.
-// NOTE: device-scope ordering is enough here (no system-scope fence on every call's path): the
-// counter is read by this rank's next kernel (same GPU, same stream) and, at teardown, through
-// cudaMemcpy after the stream went idle.
+// NOTE: the final publication is system-scope: peers read counter.seq from other processes
+// (and GPUs) in drain() before freeing their areas, so this kernel's stores into their areas
+// must be visible before it.
 __device__ __forceinline__ void endCall(const CallArgs& a, const Call& c) {
   __syncthreads();
   if (threadIdx.x != 0) return;
@@ -107,8 +107,8 @@ __device__ __forceinline__ void endCall(const CallArgs& a, const Call& c) {
   const unsigned long long before = atomicAdd(&k->arrived, 1ull);
   if (before + 1 == c.blocks_before + gridDim.x) {  // every block of this kernel is done
     *reinterpret_cast<volatile unsigned long long*>(&k->blocks) = before + 1;
-    __threadfence();
-    *reinterpret_cast<volatile unsigned long long*>(&k->seq) = c.seq;
+    __threadfence_system();
+    storeRelease(reinterpret_cast<uint64_t*>(&k->seq), c.seq);
   }
 }
 
@@ -129,10 +129,10 @@ __device__ __forceinline__ void recordFailure(const CallArgs& a, int peer, uint6
 /// Note [GPU watchdog]: whether a wait that started at `start` must give up (timeout, or the
 /// host saw a peer die); records why. Called every few hundred polls: it reads host memory.
 __device__ __forceinline__ bool waitFailed(const CallArgs& a, int peer, uint64_t seq, uint64_t start) {
-  const int dead = *reinterpret_cast<volatile int*>(&a.err->dead_peer);
+  const unsigned int dead = *reinterpret_cast<volatile unsigned int*>(&a.err->dead_ranks);
   const uint64_t waited = globalTimer() - start;
   if (dead != 0) {
-    recordFailure(a, dead - 1, seq, waited, WaitFailure::kPeerDied);
+    recordFailure(a, __ffs(dead) - 1, seq, waited, WaitFailure::kPeerDied);
     return true;
   }
   if (waited > a.timeout_ns) {

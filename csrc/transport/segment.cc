@@ -96,4 +96,6 @@ void unmapSegment(Segment& s) {
   s.base = nullptr;
 }
 
+void unlinkSegment(const std::string& name) { shm_unlink(name.c_str()); }
+
 }  // namespace tilecomm::transport

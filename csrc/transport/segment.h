@@ -24,5 +24,7 @@ Segment createSegment(size_t bytes);
 Segment openSegment(const std::string& name, size_t bytes, const std::string& who, const std::string& hint = "");
 /// Unmaps (does not unlink).
 void unmapSegment(Segment& s);
+/// Removes the segment's name (mappings stay valid).
+void unlinkSegment(const std::string& name);
 
 }  // namespace tilecomm::transport

@@ -80,7 +80,7 @@ ShmTransport::ShmTransport(int rank, int world, const ShmConfig& cfg) : rank_(ra
 }
 
 ShmTransport::~ShmTransport() {
-  if (!unlinked_ && !name_.empty()) shm_unlink(name_.c_str());
+  if (!unlinked_ && !name_.empty()) unlinkSegment(name_);
   for (char* b : bases_)
     if (b) munmap(b, seg_bytes_);
   for (int fd : pidfds_)
@@ -107,7 +107,7 @@ void ShmTransport::connect(const std::vector<std::string>& names, const std::vec
 }
 
 void ShmTransport::unlinkOwn() {
-  if (!unlinked_) shm_unlink(name_.c_str());
+  if (!unlinked_) unlinkSegment(name_);
   unlinked_ = true;
 }
 

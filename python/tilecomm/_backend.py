@@ -102,7 +102,7 @@ def create(opts, pg_options=None):
         # The job token every TCP connection must present (Note [TCP frames]).
         token = secrets.token_hex(32)
         # How the host's GPUs are joined (NVML, no CUDA context); used at the first direct CUDA call.
-        gpus = topology.gpu_links() if getattr(_C, "HAS_CUDA", False) else []
+        gpus = list(topology.host_gpu_links()) if getattr(_C, "HAS_CUDA", False) else []
         return {"settings": cfg, "labels": labels, "links": links, "token": token, "tables": tables,
                 "profile": profile_info, "gpu_links": gpus, "cuda": _cuda_thresholds(cfg, profile, world)}
 

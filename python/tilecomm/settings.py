@@ -121,8 +121,9 @@ SETTINGS = [
         "TILECOMM_CUDA_IPC_BYTES",
         int,
         4194304,
-        "Bytes of each cuda_ipc staging buffer (two per rank, in GPU memory): larger all_reduces run through "
-        "the direct kernels in pieces of this size. 0: no cuda_ipc transport (every CUDA operation is staged).",
+        "Bytes of each staging buffer of the GPU peer transport (two per rank: in GPU memory with cuda_ipc, in "
+        "shared host memory with host_mapped): larger all_reduces run through the direct kernels in pieces of "
+        "this size. 0: no peer transport (every CUDA operation is staged).",
     ),
     Setting(
         "TILECOMM_CUDA_TWO_SHOT_BYTES",
@@ -139,7 +140,8 @@ SETTINGS = [
         "Protocol of the direct CUDA kernels (CUDA builds). `ll`: all_reduce and all_gather of up to 1 MiB (per "
         "rank for all_gather) run the low-latency kernels (`allreduce_one_shot_ll`, `allgather_direct_ll`: each "
         "8 data bytes travel with their own flags, no separate flag round); `simple`: never (all_reduce runs as "
-        "`TILECOMM_CUDA_ALLREDUCE` says, all_gather is staged); `auto`: LL up to `TILECOMM_LL_BYTES`. LL "
+        "`TILECOMM_CUDA_ALLREDUCE` says, all_gather is staged); `auto`: LL up to the LL limit "
+        "(`TILECOMM_LL_BYTES`, by default the CUDA model's, per peer memory). LL "
         "never replaces an all_reduce that `TILECOMM_CUDA_ALLREDUCE=staged` stages.",
         ("auto", "ll", "simple"),
     ),

@@ -19,6 +19,7 @@ that: ``cuda_ipc`` where every pair has peer access (or shares one GPU), else
 
 from __future__ import annotations
 
+import functools
 import socket
 from dataclasses import dataclass
 
@@ -129,6 +130,12 @@ def gpu_links(nvml=None) -> list[tuple[str, str, str]]:
         return []
     finally:
         nvml.nvmlShutdown()
+
+
+@functools.cache
+def host_gpu_links() -> tuple[tuple[str, str, str], ...]:
+    """``gpu_links()`` of this host, read from NVML once per process."""
+    return tuple(gpu_links())
 
 
 def _p2p_kind(nvml, a, b) -> str:

@@ -67,15 +67,22 @@ def test_too_few_points_keep_the_defaults():
     assert consts == cuda_model.constants(None)
 
 
-def test_samples_skip_failures_staged_and_eager():
+def test_samples_skip_failures_staged_auto_and_eager():
     r = records(KNOWN, worlds=(2,), sizes=(8,))[0]
+    assert len(cuda_model.samples([r])) == 6  # 3 forced kernels x 2 memories, graph times only
     r["all_reduce:one_shot:graph"] = "failed: something"
-    r["kernels"]["all_gather:ll"] = "staged"
+    r["kernels"]["all_gather:ll"] = "staged"  # a staged all_gather with a graph time
+    r["all_gather:ll:graph"] = 50.0
+    r["memory"]["auto"] = "cuda_ipc"  # auto validates the fit; it is not fitted
+    r["kernels"]["all_reduce:auto"] = "allreduce_one_shot_ll"
+    r["all_reduce:auto:graph"] = 5.0
     got = cuda_model.samples([r])
+    assert len(got) == 5, got
     kinds = {(m, k) for m, k, *_ in got}
     assert ("cuda_ipc", "allreduce_one_shot") not in kinds
     assert ("host_mapped", "allreduce_one_shot") in kinds
-    assert all(t > 0 and t < 1e-3 for *_, t in got)  # seconds
+    want = cuda_model.predict("allreduce_one_shot_ll", 2, 8, KNOWN, "cuda_ipc")
+    assert [t for m, k, *_, t in got if (m, k) == ("cuda_ipc", "allreduce_one_shot_ll")] == [pytest.approx(want)]
 
 
 def test_thresholds_are_the_model_crossovers():
