@@ -6,9 +6,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 
 #include "common/error.h"
+#include "common/pci.h"
 
 namespace tilecomm::backend {
 
@@ -22,14 +22,6 @@ at::Tensor pinnedLike(const at::Tensor& t) {
 }
 
 }  // namespace
-
-std::string canonicalBusId(const std::string& id) {
-  unsigned dom = 0, bus = 0, dev = 0, fn = 0;
-  if (std::sscanf(id.c_str(), "%x:%x:%x.%x", &dom, &bus, &dev, &fn) != 4) return "";
-  char out[32];
-  std::snprintf(out, sizeof(out), "%04x:%02x:%02x.%x", dom, bus, dev, fn);
-  return out;
-}
 
 // ---------------------------------------------------------------- CudaOp
 

@@ -59,12 +59,9 @@ struct CudaSettings {
   uint64_t two_shot_bytes[2] = {~uint64_t{0}, ~uint64_t{0}};     // auto: two_shot from this size on
   std::string transport = "auto";        // auto | host_mapped (TILECOMM_TRANSPORT)
   // How GPUs of the host are joined, from NVML on rank 0: "<bus id> <bus id>" -> nvlink | pcie | none
-  // (both orders; bus ids as canonicalBusId writes them). Missing pairs are "unknown".
+  // (both orders; bus ids as canonicalBusId of common/pci.h writes them). Missing pairs are "unknown".
   std::map<std::string, std::string> gpu_links;
 };
-
-/// "dddd:bb:dd.f" (hex, lower case) for a PCI bus id as CUDA or NVML write it; "" if unreadable.
-std::string canonicalBusId(const std::string& id);
 
 /// What the group's GPUs found at their first direct call (empty before it).
 struct GpuTopology {

@@ -8,6 +8,7 @@
 
 #include "backend/process_group.hpp"
 #include "common/error.h"
+#include "common/pci.h"
 #include "kernels/reduce.h"
 #include "exec/fuzz.h"
 #include "transport/tcp.h"
@@ -153,8 +154,8 @@ PYBIND11_MODULE(_C, m) {
         }
         s.transport = transport;
         for (const auto& [a, b, kind] : gpu_links) {
-          s.gpu_links[backend::canonicalBusId(a) + " " + backend::canonicalBusId(b)] = kind;
-          s.gpu_links[backend::canonicalBusId(b) + " " + backend::canonicalBusId(a)] = kind;
+          s.gpu_links[canonicalBusId(a) + " " + canonicalBusId(b)] = kind;
+          s.gpu_links[canonicalBusId(b) + " " + canonicalBusId(a)] = kind;
         }
         self.setCuda(std::make_shared<backend::CudaGroup>(self.getRank(), self.getSize(), store, prefix, s,
                                                           self.peerWatch()));
@@ -186,6 +187,8 @@ PYBIND11_MODULE(_C, m) {
     std::memcpy(&h, b.data(), sizeof(h));
     return transport::checkFrame(h, lane, expected_seq, slot_bytes);
   });
+  // The one form of a PCI bus id in which NVML's GPU pairs meet CUDA's devices (common/pci.h).
+  m.def("canonical_bus_id", &canonicalBusId);
   m.attr("FRAME_HEADER_BYTES") = sizeof(transport::FrameHeader);
   m.attr("SLOT_HEADER_BYTES") = sizeof(transport::SlotHeader);
   // Fuzzer entry points (tests/fuzz): raw bytes to the receiving code; the reason they were refused.

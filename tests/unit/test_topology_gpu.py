@@ -61,3 +61,13 @@ def test_no_nvml_says_nothing():
 def test_host_mapped_is_auto_for_cpu_links():
     hosts = [("a", "m1"), ("a", "m1"), ("b", "m1")]
     assert topology.links(hosts, "host_mapped") == topology.links(hosts, "auto") == [0, 0, 1]
+
+
+def test_bus_ids_of_nvml_and_cuda_meet_in_one_form():
+    from tilecomm import _C
+
+    # NVML writes an 8-digit domain in upper case, CUDA a 4-digit one in lower case
+    assert _C.canonical_bus_id("00000000:3B:00.0") == _C.canonical_bus_id("0000:3b:00.0") == "0000:3b:00.0"
+    assert _C.canonical_bus_id("0001:c1:1f.7") == "0001:c1:1f.7"
+    for bad in ("", "3b:00.0", "0000:3b:00", "0000:3b:00.0x", "0000:3b:20.0", "10000:00:00.0", "gpu0"):
+        assert _C.canonical_bus_id(bad) == "", bad
