@@ -5,7 +5,10 @@ headers; only csrc/backend does. The CUDA parts (csrc/cuda/*.cu, and the glue
 csrc/backend/cuda_*.cpp) are compiled only when the installed torch has CUDA
 and nvcc is found; they are then built for sm_90a plus compute_90 PTX (which
 the driver compiles for other GPUs), unless TORCH_CUDA_ARCH_LIST names the
-architectures. A short summary says what was built and why.
+architectures. The NVSHMEM parts (csrc/cuda/nvshmem.cu's calls into the host
+library, which is loaded at run time, never linked) are compiled when the
+NVSHMEM headers are found: those of the nvidia-nvshmem-cu13 wheel, or
+$NVSHMEM_HOME/include. A short summary says what was built and why.
 """
 
 import glob
@@ -38,6 +41,24 @@ else:
     why_not = None
 has_cuda = why_not is None
 
+
+def nvshmem_include():
+    """The NVSHMEM headers' folder, or None."""
+    roots = [os.environ["NVSHMEM_HOME"]] if os.environ.get("NVSHMEM_HOME") else []
+    try:
+        import nvidia.nvshmem
+
+        roots += list(nvidia.nvshmem.__path__)
+    except ImportError:
+        pass
+    for root in roots:
+        if os.path.isfile(os.path.join(root, "include", "nvshmem.h")):
+            return os.path.join(root, "include")
+    return None
+
+
+nvshmem_inc = nvshmem_include() if has_cuda else None
+
 print("tilecomm build summary:")
 print(f"  CPU engine + c10d backend: {len(cpu_sources)} files")
 if has_cuda:
@@ -49,7 +70,12 @@ if has_cuda:
     )
 else:
     print(f"  CUDA parts: not built ({why_not}); CUDA tensors are refused with a ValueError")
-print("  NVSHMEM parts: not built (not part of this version)")
+if nvshmem_inc:
+    print(f"  NVSHMEM parts: built (headers from {nvshmem_inc}; libnvshmem_host is loaded at run time)")
+elif has_cuda:
+    print("  NVSHMEM parts: not built (no NVSHMEM headers: install nvidia-nvshmem-cu13 or set NVSHMEM_HOME)")
+else:
+    print("  NVSHMEM parts: not built (they need the CUDA parts)")
 
 cxx_flags = ["-O3", "-fvisibility=hidden"]
 if has_cuda:
@@ -57,6 +83,8 @@ if has_cuda:
     if not os.environ.get("TORCH_CUDA_ARCH_LIST"):
         # NOTE: with an arch flag given here, torch adds none of its own.
         nvcc_flags += ["-gencode=arch=compute_90a,code=sm_90a", "-gencode=arch=compute_90,code=compute_90"]
+    if nvshmem_inc:
+        nvcc_flags += ["-DTILECOMM_WITH_NVSHMEM", f"-I{nvshmem_inc}"]
     ext = CUDAExtension(
         name="tilecomm._C",
         sources=cpu_sources + cuda_sources,
@@ -64,7 +92,7 @@ if has_cuda:
         extra_compile_args={"cxx": cxx_flags + ["-DTILECOMM_WITH_CUDA"], "nvcc": nvcc_flags},
         # NOTE: the process's libstdc++ first. Some CUDA images' compilers link libstdc++ statically
         # into the extension; its private iostream code then meets torch's locale and crashes.
-        extra_link_args=["-l:libstdc++.so.6"],
+        extra_link_args=["-l:libstdc++.so.6", "-ldl"],  # dlopen: NVSHMEM is loaded at run time
     )
 else:
     ext = CppExtension(

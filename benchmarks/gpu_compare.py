@@ -53,6 +53,52 @@ def _timed(fn, iters, barrier):
     return statistics.median(times)
 
 
+def slowest(row, copy_s, group):
+    """Replaces each time (s) in `row` by the slowest rank's (failures stay as text); returns the slowest
+    rank's `copy_s`."""
+    keys = sorted(k for k, v in row.items() if isinstance(v, float))
+    t = torch.tensor([row[k] for k in keys] + [copy_s], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    for k, v in zip(keys, t.tolist()):
+        row[k] = v
+    return float(t[-1])
+
+
+def emit(out, rank, rec, row, cell=lambda k, v: f"{k}={v * 1e6:.1f}us"):
+    """On rank 0: one line (rec's world, bytes, copy rate and bound, then every entry of row through `cell`)
+    and, with `out`, one JSON record of rec and row (times in microseconds)."""
+    if rank != 0:
+        return
+    cells = [cell(k, v) if isinstance(v, float) else f"{k}={v}" for k, v in sorted(row.items())]
+    print(f"world={rec['world']} bytes={rec['bytes']} copy={rec['copy_gbs']:.0f}GB/s bound={rec['bound_us']:.1f}us "
+          + " ".join(cells), flush=True)
+    if out:
+        rec = dict(rec)
+        rec.update({k: (v * 1e6 if isinstance(v, float) else v) for k, v in row.items()})
+        out.write(json.dumps(rec) + "\n")
+        out.flush()
+
+
+def parser(doc):
+    """The command line the one-GPU comparisons share (worlds, nccl-tests' size flags, iterations, records)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--worlds", default="2,4")
+    ap.add_argument("-b", "--minbytes", type=parse_size, default=1 << 10)
+    ap.add_argument("-e", "--maxbytes", type=parse_size, default=256 << 20)
+    ap.add_argument("-f", "--stepfactor", type=int, default=4)
+    ap.add_argument("-n", "--iters", type=int, default=20)
+    ap.add_argument("--jsonl", default="")
+    return ap
+
+
+def run_worlds(rank_fn, args, name):
+    """rank_fn(rank, world, args) on `world` local ranks, for every world of args.worlds."""
+    if not torch.cuda.is_available():
+        raise SystemExit(f"{name}: no CUDA device")
+    for w in (int(x) for x in args.worlds.split(",")):
+        launch.run(rank_fn, w, args)
+
+
 def symmetric_memory(gloo, rank):
     """PyTorch's SymmetricMemory module set up for `gloo`'s ranks, or None (said once) where it is unavailable."""
     try:
@@ -117,30 +163,12 @@ def _rank(rank, world, args):
                 row["symm_mem:one_shot"] = row.get("symm_mem:one_shot", f"failed: {str(e).splitlines()[0][:60]}")
                 row.setdefault("symm_mem:two_shot", f"failed: {str(e).splitlines()[0][:60]}")
         src, dst = torch.ones(n, device=dev), torch.empty(n, device=dev)
-        copy_s = _timed(lambda: dst.copy_(src), iters, barrier)
+        copy_s = slowest(row, _timed(lambda: dst.copy_(src), iters, barrier), gloo)
         del src, dst, x
-        # The slowest rank's time per entry (failures stay as text).
-        keys = sorted(k for k, v in row.items() if isinstance(v, float))
-        t = torch.tensor([row[k] for k in keys] + [copy_s], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=gloo)
-        for k, v in zip(keys, t.tolist()):
-            row[k] = v
         # Every rank copied its buffer at once: 2 x world x bytes of HBM traffic, the
         # least an all_reduce can move (each input read once, each output written once).
-        bound = float(t[-1])
-        copy_rate = 2 * world * nbytes / bound
-        if rank == 0:
-            cells = []
-            for k in sorted(row):
-                v = row[k]
-                cells.append(f"{k}={v * 1e6:.1f}us" if isinstance(v, float) else f"{k}={v}")
-            print(f"world={world} bytes={nbytes} copy={copy_rate / 1e9:.0f}GB/s bound={bound * 1e6:.1f}us "
-                  + " ".join(cells), flush=True)
-            if out:
-                rec = dict(world=world, bytes=nbytes, copy_gbs=copy_rate / 1e9, bound_us=bound * 1e6)
-                rec.update({k: (v * 1e6 if isinstance(v, float) else v) for k, v in row.items()})
-                out.write(json.dumps(rec) + "\n")
-                out.flush()
+        emit(out, rank, dict(world=world, bytes=nbytes, copy_gbs=2 * world * nbytes / copy_s / 1e9,
+                             bound_us=copy_s * 1e6), row)
     if out:
         out.close()
     torch.cuda.synchronize()
@@ -148,18 +176,7 @@ def _rank(rank, world, args):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--worlds", default="2,4")
-    ap.add_argument("-b", "--minbytes", type=parse_size, default=1 << 10)
-    ap.add_argument("-e", "--maxbytes", type=parse_size, default=256 << 20)
-    ap.add_argument("-f", "--stepfactor", type=int, default=4)
-    ap.add_argument("-n", "--iters", type=int, default=20)
-    ap.add_argument("--jsonl", default="")
-    args = ap.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("gpu_compare: no CUDA device")
-    for w in (int(x) for x in args.worlds.split(",")):
-        launch.run(_rank, w, args)
+    run_worlds(_rank, parser(__doc__).parse_args(), "gpu_compare")
 
 
 if __name__ == "__main__":

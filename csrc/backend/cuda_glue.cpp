@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "common/pci.h"
+#include "cuda/nvshmem.h"
 
 namespace tilecomm::backend {
 
@@ -82,26 +83,31 @@ void CudaGroup::releasePeers() {
   cudaStreamSynchronize(raw_stream_);
   // NOTE: a peer may still be reading our staging buffers in its last direct kernel; wait
   // (bounded: a dead peer reads nothing) until each says it is done, then free them.
-  if (ipc_ && watch_)  // a peer that died since the watchdog last looked is not waited for
-    for (const auto& [rank, note] : watch_()) ipc_->peerDied(rank, note);
-  if (ipc_) ipc_->drain(std::min<int64_t>(settings_.timeout_ms, 10000));
+  for (auto* t : {&ipc_, &nvs_}) {
+    if (!*t) continue;
+    if (watch_)  // a peer that died since the watchdog last looked is not waited for
+      for (const auto& [rank, note] : watch_()) (*t)->peerDied(rank, note);
+    (*t)->drain(std::min<int64_t>(settings_.timeout_ms, 10000));
+  }
   cudaSetDevice(prev);
 }
 
-std::shared_ptr<CudaOp> CudaGroup::begin(const c10::Device& device) {
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (!device_) {
-      c10::cuda::CUDAGuard guard(device);
-      // NOTE: a pool stream, never destroyed: tensors the group used keep a record of
-      // it in the caching allocator and may be freed after the group is gone.
-      stream_ = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device.index());
-      raw_stream_ = stream_->stream();
-      device_ = device;
-    }
-    TORCH_CHECK_VALUE(*device_ == device, "tilecomm: this process group runs its CUDA work on ", *device_,
-                      "; got a tensor on ", device, " (use one device per process and group)");
+void CudaGroup::bind(const c10::Device& device) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!device_) {
+    c10::cuda::CUDAGuard guard(device);
+    // NOTE: a pool stream, never destroyed: tensors the group used keep a record of
+    // it in the caching allocator and may be freed after the group is gone.
+    stream_ = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device.index());
+    raw_stream_ = stream_->stream();
+    device_ = device;
   }
+  TORCH_CHECK_VALUE(*device_ == device, "tilecomm: this process group runs its CUDA work on ", *device_,
+                    "; got a tensor on ", device, " (use one device per process and group)");
+}
+
+std::shared_ptr<CudaOp> CudaGroup::begin(const c10::Device& device) {
+  bind(device);
   auto op = std::make_shared<CudaOp>(device, *stream_);
   c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device.index());
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -113,6 +119,13 @@ std::shared_ptr<CudaOp> CudaGroup::begin(const c10::Device& device) {
 
 namespace {
 constexpr int kLastAllGatherLL = 100;  // last_kernel_ after an LL all_gather
+constexpr int kLastBlocks = 200;       // + BlockAlgo: after an NVSHMEM all_gather or reduce_scatter
+
+std::optional<cuda::BlockAlgo> forcedBlocks(const std::string& forced, cuda::BlockAlgo push, cuda::BlockAlgo pull) {
+  if (forced == "nvshmem_push") return push;
+  if (forced == "nvshmem_pull") return pull;
+  return std::nullopt;
+}
 }  // namespace
 
 uint64_t CudaGroup::llLimit() const {
@@ -142,8 +155,28 @@ bool CudaGroup::allGatherLL(uint64_t nbytes) const {
   return nbytes > 0 && nbytes <= llLimit() && world_ <= cuda::kMaxRanks;
 }
 
+std::optional<cuda::BlockAlgo> CudaGroup::allGatherBlocks(uint64_t nbytes) const {
+  using cuda::BlockAlgo;
+  if (nbytes == 0 || world_ > cuda::kMaxRanks) return std::nullopt;
+  auto forced = forcedBlocks(settings_.allgather, BlockAlgo::kAllGatherPush, BlockAlgo::kAllGatherPull);
+  if (forced) return forced;
+  if (settings_.nvshmem_lib.empty() || allGatherLL(nbytes)) return std::nullopt;
+  return nbytes >= settings_.allgather_pull_bytes ? BlockAlgo::kAllGatherPull : BlockAlgo::kAllGatherPush;
+}
+
+std::optional<cuda::BlockAlgo> CudaGroup::reduceScatterBlocks(uint64_t nbytes, DType dtype, RedOp op) const {
+  using cuda::BlockAlgo;
+  if (nbytes == 0 || world_ > cuda::kMaxRanks || !cuda::directSupports(dtype, op)) return std::nullopt;
+  auto forced = forcedBlocks(settings_.reducescatter, BlockAlgo::kReduceScatterPush, BlockAlgo::kReduceScatterPull);
+  if (forced) return forced;
+  if (settings_.nvshmem_lib.empty()) return std::nullopt;
+  return nbytes >= settings_.reducescatter_pull_bytes ? BlockAlgo::kReduceScatterPull : BlockAlgo::kReduceScatterPush;
+}
+
 std::string CudaGroup::lastKernel() const {  // "" after a staged operation
-  switch (last_kernel_.load()) {
+  const int last = last_kernel_.load();
+  if (last >= kLastBlocks) return cuda::blockAlgoName(static_cast<cuda::BlockAlgo>(last - kLastBlocks));
+  switch (last) {
     case static_cast<int>(cuda::DirectAlgo::kOneShot): return "allreduce_one_shot";
     case static_cast<int>(cuda::DirectAlgo::kTwoShot): return "allreduce_two_shot";
     case static_cast<int>(cuda::DirectAlgo::kOneShotLL): return "allreduce_one_shot_ll";
@@ -200,7 +233,7 @@ bool CudaGroup::setUpIpc() {
   for (cuda::PeerMemory m : kinds) {
     if (!tryMemory(m)) continue;
     topo_.transport = cuda::peerMemoryName(m);
-    if (watch_) watcher_ = std::thread([this] { watchLoop(); });
+    startWatchdog();
     return true;
   }
   topo_.transport = "staged";
@@ -236,13 +269,119 @@ bool CudaGroup::tryMemory(cuda::PeerMemory m) {
   return true;
 }
 
+void CudaGroup::startWatchdog() {
+  if (watch_ && !watcher_.joinable()) watcher_ = std::thread([this] { watchLoop(); });
+}
+
 void CudaGroup::watchLoop() {
   std::unique_lock<std::mutex> lk(watch_mu_);
   while (!watch_stop_) {
     watch_cv_.wait_for(lk, std::chrono::milliseconds(20));
     if (watch_stop_) return;
-    for (const auto& [rank, note] : watch_()) ipc_->peerDied(rank, note);
+    for (const auto& [rank, note] : watch_())
+      for (const auto& t : {ipc_, nvs_})
+        if (t) t->peerDied(rank, note);
   }
+}
+
+bool CudaGroup::setUpNvshmem() {
+  // NOTE: every rank gets here in the same task (Note [Issue order]); each step is agreed through
+  // the Store before the next, so that no rank enters a collective NVSHMEM call that another
+  // rank will not make (a library that loads on one rank only, an init that fails on one).
+  const std::string key = prefix_ + "nvshmem/";
+  auto agree = [&](const std::string& step, std::string why) {
+    store_->set(key + step + "/" + std::to_string(rank_), toBytes(why.empty() ? "ok" : why));
+    for (int r = 0; r < world_; ++r) {
+      std::string v = fromBytes(store_->get(key + step + "/" + std::to_string(r)));
+      if (v != "ok") return "rank " + std::to_string(r) + ": " + v;
+    }
+    return std::string();
+  };
+  std::string why = settings_.nvshmem_lib.empty() ? settings_.nvshmem_why : cuda::nvshmem::load(settings_.nvshmem_lib);
+  if (rank_ == 0)  // a process that initialised NVSHMEM already needs no new id
+    store_->set(key + "uid", toBytes(why.empty() && cuda::nvshmem::myPe() < 0 ? cuda::nvshmem::uniqueId() : ""));
+  why = agree("loaded", why);
+  if (why.empty()) {
+    c10::cuda::CUDAGuard guard(*device_);
+    why = agree("init", cuda::nvshmem::init(rank_, world_, fromBytes(store_->get(key + "uid"))));
+  }
+  if (why.empty()) {
+    std::string mine;
+    std::shared_ptr<cuda::PeerTransport> t;
+    try {  // NOTE: collective (nvshmem_malloc); the heap is zeroed before the barrier below
+      t = std::make_shared<cuda::PeerTransport>(cuda::PeerMemory::kNvshmem, rank_, world_, device_->index(),
+                                                settings_.nvshmem_bytes, 0, raw_stream_);
+      mine = t->open(std::vector<std::string>(world_));
+    } catch (const std::exception& e) {
+      mine = e.what();
+    }
+    // Every PE's area is zeroed before any peer may put into it.
+    cuda::nvshmem::barrierAll();
+    why = agree("area", mine);
+    if (why.empty()) {
+      // Kernel stores need a peer address of every rank's area on every rank; else every rank
+      // moves data with put-with-signal.
+      nvs_direct_ = settings_.nvshmem_data == "auto" &&
+                    agree("direct", t->allDirect() ? "" : "no peer address of some rank's area").empty();
+      std::lock_guard<std::mutex> lk(watch_mu_);
+      nvs_ = std::move(t);
+    }
+  }
+  if (!why.empty()) {
+    nvs_why_ = why;
+    return false;
+  }
+  startWatchdog();
+  return true;
+}
+
+std::optional<cuda::BlockAlgo> CudaGroup::nvshmemReady(const CudaOp& op, cuda::BlockAlgo algo) {
+  using cuda::BlockAlgo;
+  const std::string name = cuda::blockAlgoName(algo);
+  if (op.captured)
+    throw Error(ErrorKind::kInvalid, name + " cannot be captured in a CUDA graph (its calls are counted on the host)");
+  if (nvs_state_ == Ipc::kUnset) nvs_state_ = setUpNvshmem() ? Ipc::kOn : Ipc::kOff;
+  const bool gather = algo == BlockAlgo::kAllGatherPush || algo == BlockAlgo::kAllGatherPull;
+  const bool forced = !(gather ? settings_.allgather : settings_.reducescatter).empty();
+  const bool pull = algo == BlockAlgo::kAllGatherPull || algo == BlockAlgo::kReduceScatterPull;
+  std::string why;
+  if (nvs_state_ != Ipc::kOn) {
+    why = "NVSHMEM is not available: " + nvs_why_;
+  } else if (pull && !nvs_direct_) {
+    // Pull reads peers' memory, which only peer addresses can do; unforced, push replaces it.
+    if (!forced) algo = gather ? BlockAlgo::kAllGatherPush : BlockAlgo::kReduceScatterPush;
+    else why = "pull needs peer addresses (nvshmem_ptr) of every rank's memory, and this group moves data with "
+               "put-with-signal (TILECOMM_NVSHMEM_DATA, or a rank without peer addresses)";
+  }
+  if (!why.empty()) {
+    if (forced) throw Error(ErrorKind::kInvalid, "TILECOMM_ALGO forces " + name + ", but " + why);
+    return std::nullopt;
+  }
+  const std::string dead = nvs_->deathNote();  // Note [GPU watchdog]
+  if (!dead.empty())
+    throw Error(ErrorKind::kPeerFailed, "rank " + std::to_string(rank_) +
+                                            " launches no more direct kernels on the GPU: " + dead);
+  return algo;
+}
+
+void CudaGroup::blocksDirect(CudaOp& op, cuda::BlockAlgo algo, const cuda::BlockCall& call, int64_t timeout_ms) {
+  last_kernel_ = kLastBlocks + static_cast<int>(algo);
+  bool in_place = false;
+  op.direct_launch = cuda::runBlocks(algo, *nvs_, call, !nvs_direct_, op.stream.stream(),
+                                     static_cast<uint64_t>(timeout_ms) * 1000000ull, &in_place);
+  if (in_place) ++in_place_calls_;
+  op.ipc = nvs_;
+}
+
+void* CudaGroup::symmetricAlloc(uint64_t nbytes, const c10::Device& device) {
+  bind(device);
+  if (nvs_state_ == Ipc::kUnset) nvs_state_ = setUpNvshmem() ? Ipc::kOn : Ipc::kOff;
+  if (nvs_state_ != Ipc::kOn)
+    throw Error(ErrorKind::kInvalid, "tilecomm: no symmetric memory: NVSHMEM is not available: " + nvs_why_);
+  c10::cuda::CUDAGuard guard(device);
+  void* p = cuda::nvshmem::malloc(std::max<uint64_t>(nbytes, 1));  // collective
+  if (!p) throw Error(ErrorKind::kSystem, "nvshmem_malloc of " + std::to_string(nbytes) + " bytes failed");
+  return p;
 }
 
 void CudaGroup::allReduceDirect(CudaOp& op, at::Tensor& t, DType dtype, RedOp rop, int64_t timeout_ms) {
@@ -290,20 +429,28 @@ void CudaGroup::runStaged(const std::vector<at::Tensor>& reads, const std::vecto
 }
 
 std::string CudaGroup::failure() const {
-  auto ipc = ipc_;
-  return ipc ? ipc->errorText() : "";
+  for (const auto& t : {ipc_, nvs_}) {
+    std::string e = t ? t->errorText() : "";
+    if (!e.empty()) return e;
+  }
+  return "";
 }
 
 std::string CudaGroup::status() const {
   // NOTE: plain strings, no iostreams: some toolchains link a private libstdc++ into the
   // extension, whose stream facets then clash with the process's locale.
-  auto pair = [](const uint64_t (&v)[2]) { return std::to_string(v[0]) + "/" + std::to_string(v[1]); };
+  auto pair = [](const uint64_t (&v)[cuda::kMemories]) { return std::to_string(v[0]) + "/" + std::to_string(v[1]); };
   return "device=" + (device_ ? device_->str() : std::string("unbound")) + " allreduce=" + settings_.allreduce +
          " ipc_bytes=" + std::to_string(settings_.ipc_bytes) + " two_shot_bytes=" + pair(settings_.two_shot_bytes) +
          " proto=" + settings_.proto + " ll_bytes=" + pair(settings_.ll_bytes) + " ll_limit=" +
          std::to_string(llLimit()) + " direct=" +
          (ipc_state_ == Ipc::kOn ? "on" : ipc_state_ == Ipc::kOff ? "off (" + ipc_why_ + ")" : "unset") +
-         (ipc_state_ == Ipc::kOn ? " memory=" + topo_.transport : "");
+         (ipc_state_ == Ipc::kOn ? " memory=" + topo_.transport : "") + " nvshmem=" +
+         (nvs_state_ == Ipc::kOn ? std::string(nvs_direct_ ? "on" : "on (put_signal)")
+          : nvs_state_ == Ipc::kOff ? "off (" + nvs_why_ + ")"
+          : settings_.nvshmem_lib.empty() ? "not offered (" + settings_.nvshmem_why + ")"
+                                          : "unset") +
+         " in_place_calls=" + std::to_string(in_place_calls_.load());
 }
 
 GpuTopology CudaGroup::topology() const {

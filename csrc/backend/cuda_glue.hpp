@@ -5,7 +5,8 @@
 // turn comes (Note [Issue order]), its GPU work goes to the group's internal
 // stream, which first waits on `ready`: either a direct kernel over the peer
 // transport (cuda_ipc or host_mapped; all_reduce, LL all_gather up to the LL
-// buffer), or the staged path: copies to pinned host memory, the CPU engine's
+// buffer) or over the NVSHMEM transport (all_gather, reduce_scatter: blocks.h),
+// or the staged path: copies to pinned host memory, the CPU engine's
 // collective over them, copies back.
 // Then an `end` event is recorded on the internal stream and the tensors are
 // marked used by it (recordStream), so the caching allocator never hands their
@@ -43,6 +44,7 @@
 #include "backend/process_group.hpp"
 #include "common/types.h"
 #include "cuda/allreduce.h"
+#include "cuda/blocks.h"
 #include "cuda/peer_transport.h"
 
 namespace tilecomm::backend {
@@ -55,12 +57,24 @@ struct CudaSettings {
   std::string proto = "auto";            // auto | ll | simple
   // Per peer memory (indexed by cuda::PeerMemory, the order of cuda_model.MEMORIES), set by
   // set_cuda from the selector's CUDA model or TILECOMM_LL_BYTES / TILECOMM_CUDA_TWO_SHOT_BYTES:
-  uint64_t ll_bytes[2] = {0, 0};                                 // auto: LL up to this size
-  uint64_t two_shot_bytes[2] = {~uint64_t{0}, ~uint64_t{0}};     // auto: two_shot from this size on
+  uint64_t ll_bytes[cuda::kMemories] = {};                  // auto: LL up to this size
+  uint64_t two_shot_bytes[cuda::kMemories] = {~0ull, ~0ull, ~0ull};  // auto: two_shot from this size on
   std::string transport = "auto";        // auto | host_mapped (TILECOMM_TRANSPORT)
   // How GPUs of the host are joined, from NVML on rank 0: "<bus id> <bus id>" -> nvlink | pcie | none
   // (both orders; bus ids as canonicalBusId of common/pci.h writes them). Missing pairs are "unknown".
   std::map<std::string, std::string> gpu_links;
+  // NVSHMEM (blocks.h): the host library's path ("" when not offered: nvshmem_why says why), the
+  // bytes of each staging buffer, how push algorithms move data (auto | put_signal), algorithms
+  // forced by TILECOMM_ALGO ("" | nvshmem_push | nvshmem_pull), and, unforced, the sizes (bytes
+  // per block) from which pull replaces push (from the selector's CUDA model).
+  std::string nvshmem_lib;
+  std::string nvshmem_why;
+  uint64_t nvshmem_bytes = 32u << 20;
+  std::string nvshmem_data = "auto";
+  std::string allgather;
+  std::string reducescatter;
+  uint64_t allgather_pull_bytes = ~0ull;
+  uint64_t reducescatter_pull_bytes = ~0ull;
 };
 
 /// What the group's GPUs found at their first direct call (empty before it).
@@ -103,6 +117,22 @@ class CudaGroup {
   bool directEligible(uint64_t nbytes, DType dtype, RedOp op) const;
   /// Whether an all_gather of nbytes per rank runs as the LL kernel (decided from the call alone).
   bool allGatherLL(uint64_t nbytes) const;
+  /// At issue: the NVSHMEM algorithm an all_gather of nbytes per rank runs, if any (decided from the
+  /// call alone; unforced, only above the LL limit, and only where the library was found).
+  std::optional<cuda::BlockAlgo> allGatherBlocks(uint64_t nbytes) const;
+  /// At issue: the NVSHMEM algorithm a reduce_scatter of nbytes per rank runs, if any.
+  std::optional<cuda::BlockAlgo> reduceScatterBlocks(uint64_t nbytes, DType dtype, RedOp op) const;
+  /// In a task: the NVSHMEM algorithm to run for `algo` (the same answer on every rank), or nullopt
+  /// (the call is staged) where the NVSHMEM transport is not up; the first call sets it up with
+  /// every rank (Note [NVSHMEM lifetime] in cuda/nvshmem.h). Unforced pull becomes push where the
+  /// group moves data with put-with-signal; a forced algorithm (TILECOMM_ALGO) that cannot run
+  /// throws Error(kInvalid) saying why.
+  std::optional<cuda::BlockAlgo> nvshmemReady(const CudaOp& op, cuda::BlockAlgo algo);
+  /// In a task, inside CudaOp::run, after nvshmemReady: enqueues `call` as `algo`.
+  void blocksDirect(CudaOp& op, cuda::BlockAlgo algo, const cuda::BlockCall& call, int64_t timeout_ms);
+  /// In a task on every rank (collective): bytes of the symmetric heap on `device` (set up on the first
+  /// call). Throws Error(kInvalid) where NVSHMEM is not available.
+  void* symmetricAlloc(uint64_t nbytes, const c10::Device& device);
   /// The kernel of the last CUDA operation, by its algorithm id ("" before the first and after a
   /// staged one), for benchmarks.
   std::string lastKernel() const;
@@ -130,6 +160,12 @@ class CudaGroup {
 
  private:
   bool setUpIpc();
+  /// One attempt to set up NVSHMEM and its transport with every rank; false (nvs_why_ says why) if
+  /// any rank failed.
+  bool setUpNvshmem();
+  /// Binds the group to `device` (its internal stream) unless it is bound already.
+  void bind(const c10::Device& device);
+  void startWatchdog();
   /// At destruction: waits for the internal stream and for the peers to stop reading our area.
   void releasePeers();
   /// One attempt of setUpIpc with areas of kind m; false (and ipc_why_ extended) if any rank failed.
@@ -157,7 +193,12 @@ class CudaGroup {
   std::shared_ptr<cuda::PeerTransport> ipc_;
   GpuTopology topo_;
   mutable std::mutex topo_mu_;
-  std::atomic<int> last_kernel_{-1};  // DirectAlgo, or kLastAllGatherLL
+  std::atomic<int> last_kernel_{-1};  // DirectAlgo, kLastAllGatherLL, or kLastBlocks + BlockAlgo
+  Ipc nvs_state_ = Ipc::kUnset;       // only touched inside tasks
+  std::string nvs_why_;
+  bool nvs_direct_ = false;  // kernel stores (every rank has every peer address), else put-with-signal
+  std::shared_ptr<cuda::PeerTransport> nvs_;  // assigned under watch_mu_ (the watchdog reads it)
+  std::atomic<uint64_t> in_place_calls_{0};   // NVSHMEM calls whose input peers read in place
 
   PeerWatch watch_;  // Note [GPU watchdog]
   std::mutex watch_mu_;

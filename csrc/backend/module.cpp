@@ -14,7 +14,10 @@
 #include "transport/tcp.h"
 
 #ifdef TILECOMM_WITH_CUDA
+#include <c10/cuda/CUDAStream.h>
+
 #include "backend/cuda_glue.hpp"
+#include "cuda/nvshmem.h"
 #endif
 
 namespace py = pybind11;
@@ -140,19 +143,29 @@ PYBIND11_MODULE(_C, m) {
   pg.def(
       "set_cuda",
       [](backend::ProcessGroupTilecomm& self, const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix,
-         const std::string& allreduce, uint64_t ipc_bytes, std::array<uint64_t, 2> two_shot_bytes,
-         int64_t timeout_ms, const std::string& proto, std::array<uint64_t, 2> ll_bytes, const std::string& transport,
-         const std::vector<std::tuple<std::string, std::string, std::string>>& gpu_links) {
+         const std::string& allreduce, uint64_t ipc_bytes, std::array<uint64_t, cuda::kMemories> two_shot_bytes,
+         int64_t timeout_ms, const std::string& proto, std::array<uint64_t, cuda::kMemories> ll_bytes,
+         const std::string& transport, const std::vector<std::tuple<std::string, std::string, std::string>>& gpu_links,
+         const py::dict& nvshmem) {
         backend::CudaSettings s;
         s.allreduce = allreduce;
         s.ipc_bytes = ipc_bytes;
         s.timeout_ms = timeout_ms;
         s.proto = proto;
-        for (int m = 0; m < 2; ++m) {
+        for (int m = 0; m < cuda::kMemories; ++m) {
           s.two_shot_bytes[m] = two_shot_bytes[m];
           s.ll_bytes[m] = ll_bytes[m];
         }
         s.transport = transport;
+        // NVSHMEM (cuda/blocks.h): every key is set by _backend.create.
+        s.nvshmem_lib = nvshmem["lib"].cast<std::string>();
+        s.nvshmem_why = nvshmem["why"].cast<std::string>();
+        s.nvshmem_bytes = nvshmem["bytes"].cast<uint64_t>();
+        s.nvshmem_data = nvshmem["data"].cast<std::string>();
+        s.allgather = nvshmem["all_gather"].cast<std::string>();
+        s.reducescatter = nvshmem["reduce_scatter"].cast<std::string>();
+        s.allgather_pull_bytes = nvshmem["all_gather_pull_bytes"].cast<uint64_t>();
+        s.reducescatter_pull_bytes = nvshmem["reduce_scatter_pull_bytes"].cast<uint64_t>();
         for (const auto& [a, b, kind] : gpu_links) {
           s.gpu_links[canonicalBusId(a) + " " + canonicalBusId(b)] = kind;
           s.gpu_links[canonicalBusId(b) + " " + canonicalBusId(a)] = kind;
@@ -162,7 +175,22 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("store"), py::arg("prefix"), py::arg("allreduce"), py::arg("ipc_bytes"), py::arg("two_shot_bytes"),
       py::arg("timeout_ms"), py::arg("proto"), py::arg("ll_bytes"), py::arg("transport") = "auto",
-      py::arg("gpu_links") = std::vector<std::tuple<std::string, std::string, std::string>>{});
+      py::arg("gpu_links") = std::vector<std::tuple<std::string, std::string, std::string>>{}, py::arg("nvshmem"));
+  pg.def("symmetric_empty", &backend::ProcessGroupTilecomm::symmetricEmpty, py::arg("sizes"), py::arg("dtype"),
+         py::arg("device"));
+  // NVSHMEM's own fcollect over every PE (benchmarks): out and in on the symmetric heap, on the
+  // current stream; NVSHMEM must have been set up by a group.
+  m.def("nvshmem_fcollect", [](at::Tensor& out, const at::Tensor& in) {
+    TORCH_CHECK_VALUE(cuda::nvshmem::myPe() >= 0, "tilecomm: NVSHMEM is not initialised");
+    TORCH_CHECK_VALUE(cuda::nvshmem::onHeap(out.data_ptr(), out.nbytes()) &&
+                          cuda::nvshmem::onHeap(in.data_ptr(), in.nbytes()) &&
+                          out.nbytes() == in.nbytes() * cuda::nvshmem::nPes(),
+                      "tilecomm: nvshmem_fcollect needs symmetric tensors, out = PEs x in");
+    int rc = cuda::nvshmem::fcollect(out.data_ptr(), in.data_ptr(), in.nbytes(),
+                                     c10::cuda::getCurrentCUDAStream(in.device().index()).stream());
+    TORCH_CHECK(rc == 0, "tilecomm: nvshmemx_fcollectmem_on_stream returned ", rc);
+  });
+  m.attr("HAS_NVSHMEM") = cuda::nvshmem::built();
   pg.def("cuda_last_kernel", &backend::ProcessGroupTilecomm::cudaLastKernel);
   // What the GPUs found at the first direct call: the transport, every rank's GPU, the links.
   pg.def("cuda_topology", [](backend::ProcessGroupTilecomm& self) {
@@ -175,6 +203,7 @@ PYBIND11_MODULE(_C, m) {
   });
 #else
   m.attr("HAS_CUDA") = false;
+  m.attr("HAS_NVSHMEM") = false;
 #endif
 
   // Why a TCP frame header (raw bytes) is rejected, "" when it is accepted

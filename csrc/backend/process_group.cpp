@@ -363,7 +363,20 @@ ProcessGroupTilecomm::Direct ProcessGroupTilecomm::directAllReduce(const at::Ten
 ProcessGroupTilecomm::Direct ProcessGroupTilecomm::directAllGather(const at::Tensor& in, std::vector<at::Tensor> outs,
                                                                  int64_t timeout_ms) {
 #ifdef TILECOMM_WITH_CUDA
-  if (!cuda_ || !in.is_cuda() || !cuda_->allGatherLL(in.nbytes())) return nullptr;
+  if (!cuda_ || !in.is_cuda()) return nullptr;
+  if (auto algo = cuda_->allGatherBlocks(in.nbytes())) {
+    cuda::BlockCall call;
+    call.in[0] = in.data_ptr();
+    for (int q = 0; q < size_; ++q) call.out[q] = outs[q].data_ptr();
+    call.nbytes = in.nbytes();
+    return [this, call, algo = *algo, timeout_ms](CudaOp& cop) {  // the tensors live in the CudaCall
+      auto run = cuda_->nvshmemReady(cop, algo);  // the same answer on every rank
+      if (!run) return false;
+      cuda_->blocksDirect(cop, *run, call, timeout_ms);
+      return true;
+    };
+  }
+  if (!cuda_->allGatherLL(in.nbytes())) return nullptr;
   return [this, in, outs = std::move(outs), timeout_ms](CudaOp& cop) {
     if (!cuda_->directReady(cop)) return false;  // the same answer on every rank
     cuda_->allGatherDirect(cop, in, outs, timeout_ms);
@@ -371,6 +384,42 @@ ProcessGroupTilecomm::Direct ProcessGroupTilecomm::directAllGather(const at::Ten
   };
 #else
   (void)in, (void)outs, (void)timeout_ms;
+  return nullptr;
+#endif
+}
+
+ProcessGroupTilecomm::Direct ProcessGroupTilecomm::directReduceScatter(std::vector<at::Tensor> ins, bool contiguous,
+                                                                     const at::Tensor& out, DType dtype,
+                                                                     const c10d::ReduceOp& op, int64_t timeout_ms) {
+#ifdef TILECOMM_WITH_CUDA
+  if (!cuda_ || !out.is_cuda()) return nullptr;
+  auto algo = cuda_->reduceScatterBlocks(out.nbytes(), dtype, engineOp(op));
+  if (!algo) return nullptr;
+  return [this, ins = std::move(ins), contiguous, out = at::Tensor(out), dtype, op, algo = *algo,
+          timeout_ms](CudaOp& cop) mutable {
+    auto run = cuda_->nvshmemReady(cop, algo);  // the same answer on every rank
+    if (!run) return false;
+    std::vector<at::Tensor> src = ins;
+    if (op.op_ == c10d::ReduceOp::PREMUL_SUM) {  // scaled copies (on the internal stream), never the input
+      for (at::Tensor& t : src) {
+        t = t.clone();
+        premultiply(t, op);
+      }
+    }
+    cuda::BlockCall call;
+    call.nbytes = out.nbytes();
+    call.dtype = dtype;
+    call.op = engineOp(op);
+    call.in_contiguous = contiguous;
+    for (int q = 0; q < size_; ++q)
+      call.in[q] = contiguous ? static_cast<const char*>(src[0].data_ptr()) + q * call.nbytes : src[q].data_ptr();
+    call.out[0] = out.data_ptr();
+    cuda_->blocksDirect(cop, *run, call, timeout_ms);
+    finishAverage(out, op, size_);
+    return true;
+  };
+#else
+  (void)ins, (void)contiguous, (void)out, (void)dtype, (void)op, (void)timeout_ms;
   return nullptr;
 #endif
 }
@@ -387,6 +436,33 @@ std::string ProcessGroupTilecomm::cudaStatus() const {
 GpuTopology ProcessGroupTilecomm::cudaTopology() const { return cuda_ ? cuda_->topology() : GpuTopology{}; }
 
 std::string ProcessGroupTilecomm::cudaLastKernel() const { return cuda_ ? cuda_->lastKernel() : ""; }
+
+at::Tensor ProcessGroupTilecomm::symmetricEmpty(const std::vector<int64_t>& sizes, at::ScalarType dtype,
+                                               const c10::Device& device) {
+  TORCH_CHECK_VALUE(cuda_, "tilecomm: this process group was created without CUDA support");
+  TORCH_CHECK_VALUE(device.is_cuda(), "tilecomm: symmetric memory is on CUDA devices; got ", device);
+  int64_t numel = 1;
+  for (int64_t d : sizes) {
+    TORCH_CHECK_VALUE(d >= 0, "tilecomm: symmetric_empty got a negative size ", d);
+    numel *= d;
+  }
+  const uint64_t nbytes = static_cast<uint64_t>(numel) * c10::elementSize(dtype);
+  void* p = nullptr;
+  std::exception_ptr err;
+  exec::Engine::Task task;  // in issue order: every rank makes the collective allocations in one order
+  task.run = [&] {
+    try {
+      p = cuda_->symmetricAlloc(nbytes, device);
+    } catch (const Error& e) {
+      err = toException(e);
+    }
+  };
+  task.done = [] {};
+  engine_->runNow(std::move(task));
+  if (err) std::rethrow_exception(err);
+  // NOTE: never freed (Note [NVSHMEM lifetime]): a free is collective, tensors die at different times.
+  return at::from_blob(p, sizes, [](void*) {}, at::TensorOptions().dtype(dtype).device(device));
+}
 
 PeerWatch ProcessGroupTilecomm::peerWatch() const {
   std::weak_ptr<exec::Engine> weak = engine_;
@@ -554,17 +630,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::_reduce_scatter_base(at::Te
                    output.scalar_type(), " but the input has ", input.scalar_type());
   TORCH_CHECK_VALUE(input.numel() == output.numel() * size_, "tilecomm: reduce_scatter input has ", input.numel(),
                     " elements; expected world size (", size_, ") x output (", output.numel(), ")");
-  checkReduction(input, opts.reduceOp);
+  DType dtype = checkReduction(input, opts.reduceOp);
   int64_t timeout = timeoutOf(opts.timeout, timeout_ms_);
   auto op = opts.reduceOp;
   at::Tensor in = input, out = output;
+  Direct direct = in.is_cuda() ? directReduceScatter({in}, true, out, dtype, op, timeout) : nullptr;
   return launch(c10d::OpType::_REDUCE_SCATTER_BASE, opts.asyncOp, {out}, {in}, {out}, [=](const Host& h) {
     at::Tensor buf = h(in).reshape({-1}).clone();
     reduceOver(Coll::kReduceScatter, buf, op, -1, out.numel(), timeout);
     at::Tensor o = h(out);
     o.view({-1}).copy_(buf.narrow(0, rank_ * out.numel(), out.numel()));
     finishAverage(o, op, size_);
-  });
+  }, std::move(direct));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -576,9 +653,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::reduce_scatter(std::vector<
   TORCH_CHECK_VALUE(static_cast<int>(ins.size()) == size_, "tilecomm: reduce_scatter input list has ", ins.size(),
                     " tensors; expected the world size ", size_);
   for (size_t i = 0; i < ins.size(); ++i) checkSame(out, ins[i], "reduce_scatter input", i);
-  checkReduction(out, opts.reduceOp);
+  DType dtype = checkReduction(out, opts.reduceOp);
   int64_t timeout = timeoutOf(opts.timeout, timeout_ms_);
   auto op = opts.reduceOp;
+  Direct direct = out.is_cuda() ? directReduceScatter(ins, false, out, dtype, op, timeout) : nullptr;
   return launch(c10d::OpType::REDUCE_SCATTER, opts.asyncOp, {out}, ins, {out}, [=](const Host& h) {
     std::vector<at::Tensor> flat;
     for (auto& t : ins) flat.push_back(h(t).reshape({-1}));
@@ -587,7 +665,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::reduce_scatter(std::vector<
     at::Tensor o = h(out);
     o.view({-1}).copy_(buf.narrow(0, rank_ * out.numel(), out.numel()));
     finishAverage(o, op, size_);
-  });
+  }, std::move(direct));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::reduce_scatter_tensor_coalesced(

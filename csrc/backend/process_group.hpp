@@ -130,6 +130,9 @@ class ProcessGroupTilecomm : public c10d::Backend {
   std::string cudaLastKernel() const;
   /// Note [GPU watchdog]: the peers of this host whose processes have exited.
   PeerWatch peerWatch() const;
+  /// Collective (every rank, in issue order with the group's operations): an uninitialised tensor
+  /// on NVSHMEM's symmetric heap of `device` (Note [NVSHMEM lifetime] in cuda/nvshmem.h).
+  at::Tensor symmetricEmpty(const std::vector<int64_t>& sizes, at::ScalarType dtype, const c10::Device& device);
 #endif
 
  private:
@@ -146,8 +149,13 @@ class ProcessGroupTilecomm : public c10d::Backend {
                                         Direct direct = nullptr);
   /// all_reduce of a CUDA tensor by a direct kernel, when the call qualifies (else null).
   Direct directAllReduce(const at::Tensor& t, DType dtype, const c10d::ReduceOp& op, int64_t timeout_ms);
-  /// all_gather of a CUDA tensor by the LL kernel into outs (one per rank), when it qualifies (else null).
+  /// all_gather of a CUDA tensor by a direct kernel (NVSHMEM, or LL) into outs (one per rank), when it
+  /// qualifies (else null).
   Direct directAllGather(const at::Tensor& in, std::vector<at::Tensor> outs, int64_t timeout_ms);
+  /// reduce_scatter of CUDA tensors into out by an NVSHMEM kernel, when it qualifies (else null): ins
+  /// holds one tensor per rank, or (contiguous) one tensor of every rank's block.
+  Direct directReduceScatter(std::vector<at::Tensor> ins, bool contiguous, const at::Tensor& out, DType dtype,
+                             const c10d::ReduceOp& op, int64_t timeout_ms);
   c10::intrusive_ptr<c10d::Work> pointToPoint(c10d::OpType type, at::Tensor& t, int peer, int tag);
   /// Runs an in-place reducing schedule over t (all_reduce, reduce, reduce_scatter).
   void reduceOver(Coll coll, at::Tensor& t, const c10d::ReduceOp& op, int root, uint64_t desc_count,

@@ -13,8 +13,6 @@
 
 namespace tilecomm::cuda {
 
-__device__ __forceinline__ bool isAligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
-
 __global__ void __launch_bounds__(kThreads) allgatherDirectLLKernel(GatherArgs a) {
   const Call c = beginCall(a);
   const uint32_t flag = llFlag(c.seq);

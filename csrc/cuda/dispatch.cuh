@@ -1,13 +1,14 @@
 // Runtime (dtype, op) -> kernel template instantiation, shared by the direct
-// all-reduce files (simple and LL). Bitwise ops are instantiated for integer types only.
+// kernels that reduce (all_reduce simple and LL, reduce_scatter). Bitwise ops are
+// instantiated for integer types only.
 #pragma once
 
 #include "cuda/primitives.cuh"
 
 namespace tilecomm::cuda {
 
-template <typename Algo, typename T>
-void dispatchOp(const DirectArgs& a, int blocks, RedOp op, cudaStream_t s) {
+template <typename Algo, typename T, typename Args>
+void dispatchOp(const Args& a, int blocks, RedOp op, cudaStream_t s) {
   switch (op) {
     case RedOp::kSum: return Algo::template launch<T, RedOp::kSum>(a, blocks, s);
     case RedOp::kProduct: return Algo::template launch<T, RedOp::kProduct>(a, blocks, s);
@@ -25,8 +26,8 @@ void dispatchOp(const DirectArgs& a, int blocks, RedOp op, cudaStream_t s) {
   }
 }
 
-template <typename Algo>
-void dispatch(const DirectArgs& a, int blocks, DType dtype, RedOp op, cudaStream_t s) {
+template <typename Algo, typename Args>
+void dispatch(const Args& a, int blocks, DType dtype, RedOp op, cudaStream_t s) {
   switch (dtype) {
     case DType::kFloat16: return dispatchOp<Algo, __half>(a, blocks, op, s);
     case DType::kBFloat16: return dispatchOp<Algo, __nv_bfloat16>(a, blocks, op, s);

@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "cuda/cuda_ipc.h"
+#include "cuda/nvshmem.h"
 
 namespace tilecomm::cuda {
 
@@ -20,7 +21,13 @@ void check(cudaError_t e, const char* what) {
 
 }  // namespace
 
-const char* peerMemoryName(PeerMemory m) { return m == PeerMemory::kHostMapped ? "host_mapped" : "cuda_ipc"; }
+const char* peerMemoryName(PeerMemory m) {
+  switch (m) {
+    case PeerMemory::kHostMapped: return "host_mapped";
+    case PeerMemory::kNvshmem: return "nvshmem";
+    default: return "cuda_ipc";
+  }
+}
 
 PeerTransport::PeerTransport(PeerMemory memory, int rank, int world, int device, uint64_t capacity,
                              uint64_t ll_capacity, cudaStream_t stream)
@@ -45,6 +52,12 @@ PeerTransport::PeerTransport(PeerMemory memory, int rank, int world, int device,
     if (memory == PeerMemory::kHostMapped) {
       own_host_ = createHostArea(bytes);
       own_ = own_host_.device;
+    } else if (memory == PeerMemory::kNvshmem) {
+      // NOTE: collective: every rank allocates in the same task (Note [NVSHMEM lifetime]).
+      own_ = static_cast<char*>(nvshmem::malloc(bytes));
+      if (!own_) throw Error(ErrorKind::kSystem, "nvshmem_malloc of " + std::to_string(bytes) + " bytes failed");
+      check(cudaMemsetAsync(own_, 0, bytes, stream), "cudaMemsetAsync (nvshmem area)");
+      check(cudaStreamSynchronize(stream), "cudaStreamSynchronize (nvshmem area)");
     } else {
       own_ = ipc::allocate(bytes, stream);
     }
@@ -76,7 +89,7 @@ void PeerTransport::releaseOwn() {
   if (own_host_.device) {
     unlinkOwn();
     closeHostArea(own_host_);
-  } else if (own_) {
+  } else if (own_ && memory_ != PeerMemory::kNvshmem) {  // the heap is never freed (Note [NVSHMEM lifetime])
     ipc::release(own_);
   }
   own_ = nullptr;
@@ -85,7 +98,14 @@ void PeerTransport::releaseOwn() {
 }
 
 std::string PeerTransport::exportHandle() const {
+  if (memory_ == PeerMemory::kNvshmem) return "";
   return memory_ == PeerMemory::kHostMapped ? own_host_.seg.name : ipc::exportHandle(own_);
+}
+
+bool PeerTransport::allDirect() const {
+  for (int r = 0; r < world_; ++r)
+    if (!peers_.base[r]) return false;
+  return true;
 }
 
 std::string PeerTransport::open(const std::vector<std::string>& handles) {
@@ -97,7 +117,9 @@ std::string PeerTransport::open(const std::vector<std::string>& handles) {
   for (int r = 0; r < world_ && why.empty(); ++r) {
     if (r == rank_) continue;
     char* p = nullptr;
-    if (memory_ == PeerMemory::kHostMapped) {
+    if (memory_ == PeerMemory::kNvshmem) {
+      p = static_cast<char*>(nvshmem::ptr(own_, r));  // null: reached through put-with-signal only
+    } else if (memory_ == PeerMemory::kHostMapped) {
       HostArea a = openHostArea(handles[r], bytes, why);
       if (a.device) opened_host_.push_back(a);
       p = a.device;
@@ -137,7 +159,7 @@ void PeerTransport::drain(int64_t timeout_ms) {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     for (int q = 0; q < world_; ++q) {
       // NOTE: a dead peer's area is not read (Note [GPU watchdog]): its memory may be gone.
-      if (q == rank_) continue;
+      if (q == rank_ || !peers_.base[q]) continue;  // nvshmem without a peer address: not readable
       uint64_t v = 0;
       while (!isDead(q) && seqOf(peers_.base[q], v) && v < last && std::chrono::steady_clock::now() < deadline)
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -173,8 +195,9 @@ std::string PeerTransport::deathNote() const {
 std::string PeerTransport::errorText() const {
   const volatile KernelError* e = err_host_;
   if (!e->ready) return "";
-  static const char* kKinds[] = {"direct all_reduce", "LL all_reduce", "LL all_gather"};
-  const std::string what = std::string(e->kind >= 0 && e->kind < 3 ? kKinds[e->kind] : "direct call") + " #" +
+  static const char* kKinds[] = {"direct all_reduce", "LL all_reduce", "LL all_gather", "direct all_gather",
+                                 "direct reduce_scatter"};
+  const std::string what = std::string(e->kind >= 0 && e->kind < 5 ? kKinds[e->kind] : "direct call") + " #" +
                            std::to_string(e->seq) + " (" + peerMemoryName(memory_) + ")";
   const std::string peer = std::to_string(e->peer);
   if (e->reason == static_cast<int>(WaitFailure::kPeerDied)) {

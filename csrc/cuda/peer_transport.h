@@ -1,14 +1,17 @@
 // The GPU peer transport: ranks of one host whose kernels load and store each
 // other's memory. Each rank makes one area (sequence flags and counter, two
-// staging buffers, two LL buffers) in one of two kinds of memory:
+// staging buffers, two LL buffers) in one of three kinds of memory:
 // - cuda_ipc (cuda_ipc.h): in its GPU's memory, opened by peers through CUDA
 //   IPC; needs peer access between the GPUs (or ranks sharing one GPU);
 // - host_mapped (host_mapped.h): in a shared-memory segment of the host that
-//   every process registers with its GPU; for GPUs without peer access (PCIe).
+//   every process registers with its GPU; for GPUs without peer access (PCIe);
+// - nvshmem (nvshmem.h): on NVSHMEM's symmetric heap (a collective allocation),
+//   peers' areas addressed through nvshmem_ptr; a peer without such an address
+//   is reached only through NVSHMEM's put-with-signal (base[q] is null).
 // The handles (IPC handles or segment names) are exchanged once per group
 // through the c10d Store by the caller. The transport knows no collective: the
-// direct kernels (allreduce_*.cu, allgather_*.cu) give the flags and buffers
-// their meaning, and run unchanged over either kind.
+// direct kernels (allreduce_*.cu, allgather_*.cu, reducescatter_*.cu) give the
+// flags and buffers their meaning, and run unchanged over any kind.
 //
 // Note [Device sequence]: every direct call has a sequence number s (from 1),
 // the same on every rank because every rank makes the same direct calls in the
@@ -55,12 +58,13 @@ struct PeerTable {
   char* base[kMaxRanks];
 };
 
-/// Where the ranks' areas live.
-enum class PeerMemory : int { kCudaIpc = 0, kHostMapped };
-const char* peerMemoryName(PeerMemory m);  // "cuda_ipc" | "host_mapped"
+/// Where the ranks' areas live (the order of cuda_model.MEMORIES).
+enum class PeerMemory : int { kCudaIpc = 0, kHostMapped, kNvshmem };
+constexpr int kMemories = 3;
+const char* peerMemoryName(PeerMemory m);  // "cuda_ipc" | "host_mapped" | "nvshmem"
 
 /// What a direct kernel ran, for error messages.
-enum class KernelKind : int { kAllReduce = 0, kAllReduceLL, kAllGatherLL };
+enum class KernelKind : int { kAllReduce = 0, kAllReduceLL, kAllGatherLL, kAllGather, kReduceScatter };
 
 /// Why a kernel stopped waiting.
 enum class WaitFailure : int { kTimeout = 0, kPeerDied };
@@ -86,16 +90,32 @@ struct SeqCounter {
   unsigned long long arrived;  // thread blocks that finished (atomically counted)
 };
 
-/// Byte offsets inside an area: [flags | counter] [staging 0] [staging 1] [LL 0] [LL 1]; an LL
-/// buffer holds one slot per rank of 2 x ll_capacity bytes (16-byte lines carrying 8 data bytes).
-constexpr uint64_t kFlagBytes = 4096;
+/// Byte offsets inside an area: [flags | counter | source offsets] [push flags] [staging 0]
+/// [staging 1] [LL 0] [LL 1]; an LL buffer holds one slot per rank of 2 x ll_capacity bytes
+/// (16-byte lines carrying 8 data bytes).
 constexpr uint64_t kCounterOffset = kPhases * kMaxBlocks * sizeof(uint64_t);
-static_assert(kCounterOffset + sizeof(SeqCounter) <= kFlagBytes, "flags and counter must fit their page");
+constexpr uint64_t kSourceOffset = kCounterOffset + 64;
+constexpr uint64_t kPushOffset = 4096;
+constexpr uint64_t kFlagBytes = kPushOffset + kMaxRanks * kMaxBlocks * sizeof(uint64_t);
+static_assert(kSourceOffset + 2 * sizeof(int64_t) <= kPushOffset, "flags, counter and offsets must fit their page");
+/// This rank's flag of a phase and thread block: "my part of call <value> is ready" (peers poll it).
 __host__ __device__ inline uint64_t* flagOf(char* base, int phase, int block) {
   return reinterpret_cast<uint64_t*>(base) + phase * kMaxBlocks + block;
 }
 __host__ __device__ inline SeqCounter* counterOf(char* base) {
   return reinterpret_cast<SeqCounter*>(base + kCounterOffset);
+}
+/// Note [Push flags]: in rank q's area, the flag that rank src raises (a remote store, or
+/// NVSHMEM's put-with-signal) once its data of call <value> for this block is in q's staging
+/// buffer; q polls its own memory.
+__host__ __device__ inline uint64_t* pushFlagOf(char* base, int src, int block) {
+  return reinterpret_cast<uint64_t*>(base + kPushOffset) + src * kMaxBlocks + block;
+}
+/// Where this rank's input of call seq lies, as a byte offset from its area's base on the
+/// symmetric heap (peers read it there, in place), or kStagedSource: in its staging buffer.
+constexpr int64_t kStagedSource = INT64_MIN;
+__host__ __device__ inline int64_t* sourceOf(char* base, uint64_t seq) {
+  return reinterpret_cast<int64_t*>(base + kSourceOffset) + (seq & 1);
 }
 __host__ __device__ inline char* stagingOf(char* base, uint64_t capacity, uint64_t seq) {
   return base + kFlagBytes + (seq & 1) * capacity;
@@ -127,10 +147,16 @@ class PeerTransport {
   PeerTransport(const PeerTransport&) = delete;
   PeerTransport& operator=(const PeerTransport&) = delete;
 
-  /// What peers need to open this area: an IPC handle's bytes, or a segment name.
+  /// What peers need to open this area: an IPC handle's bytes, or a segment name ("" for nvshmem).
   std::string exportHandle() const;
-  /// Opens every peer's area from its handle (own entry ignored). Returns "" or why it failed.
+  /// Opens every peer's area from its handle (own entry ignored; nvshmem: from nvshmem_ptr, and
+  /// a peer without a peer address stays null). Returns "" or why it failed.
   std::string open(const std::vector<std::string>& handles);
+  /// Whether this rank loads and stores every peer's area (nvshmem: every nvshmem_ptr was set).
+  bool allDirect() const;
+  /// The sequence number of the next call over the transport, counted by the host (for calls
+  /// driven from the host, which cannot read the device counter; never under CUDA graphs).
+  uint64_t nextCall() { return ++calls_; }
   /// host_mapped: unlinks this rank's segment (once every peer opened it). No-op for cuda_ipc.
   void unlinkOwn();
   PeerMemory memory() const { return memory_; }
@@ -172,11 +198,13 @@ class PeerTransport {
   uint64_t ll_capacity_;
   int block_budget_ = 1;
   uint64_t launches_ = 0;
+  uint64_t calls_ = 0;
   char* own_ = nullptr;           // this rank's area as its GPU addresses it
   HostArea own_host_;             // host_mapped: its segment
   PeerTable peers_{};
   std::vector<char*> opened_;     // cuda_ipc: peers' areas
   std::vector<HostArea> opened_host_;  // host_mapped: peers' segments
+  // nvshmem: own_ is never freed (Note [NVSHMEM lifetime] in nvshmem.h)
   mutable std::mutex mu_;  // death_note_
   std::string death_note_;
   KernelError* err_host_ = nullptr;

@@ -58,6 +58,17 @@ struct GatherArgs : CallArgs {
   uint64_t nbytes;  // per rank
 };
 
+/// The block kernels (blocks.h): all_gather and reduce_scatter as blocks of `nbytes`, one per rank.
+struct BlockArgs : CallArgs {
+  const char* in[kMaxRanks];  // all_gather: in[0], this rank's block; reduce_scatter: in[q], its block for q
+  char* out[kMaxRanks];       // all_gather: out[q] receives rank q's block; reduce_scatter: out[0]
+  uint64_t nbytes;            // bytes per block (of this piece)
+  uint64_t slot;              // distance between the blocks in a staging buffer (nbytes rounded up to 256)
+  uint64_t stride;            // reduce_scatter read in place: distance between the input's blocks
+  int64_t source;             // where peers read this rank's input: sourceOf() (kStagedSource: staged)
+  bool write;                 // push: the kernel stores the data into the peers (false: NVSHMEM put it there)
+};
+
 // ---- time, the call's sequence number, flags ----
 
 __device__ __forceinline__ uint64_t globalTimer() {
@@ -151,16 +162,17 @@ __device__ __forceinline__ void signal(const CallArgs& a, int phase, uint64_t se
   }
 }
 
-/// Block-wide: waits until every peer announced `seq` for this block and phase. Thread q
-/// polls rank q. Returns false (the same in every thread) if a wait outlasted the timeout or a
-/// peer died; the first failing thread records why.
-__device__ __forceinline__ bool waitPeers(const CallArgs& a, int phase, uint64_t seq) {
+/// Block-wide: waits until flagFor(q) >= seq for every peer q (thread q polls it). Returns false
+/// (the same in every thread) if a wait outlasted the timeout or a peer died; the first failing
+/// thread records why.
+template <typename FlagFor>
+__device__ __forceinline__ bool waitEach(const CallArgs& a, uint64_t seq, FlagFor flagFor) {
   __shared__ int failed;
   if (threadIdx.x == 0) failed = 0;
   __syncthreads();
   const int q = threadIdx.x;
   if (q < a.world && q != a.rank) {
-    const uint64_t* f = flagOf(a.peers.base[q], phase, blockIdx.x);
+    const uint64_t* f = flagFor(q);
     const uint64_t start = globalTimer();
     uint32_t polls = 0;
     while (loadAcquire(f) < seq) {
@@ -175,6 +187,29 @@ __device__ __forceinline__ bool waitPeers(const CallArgs& a, int phase, uint64_t
   }
   __syncthreads();
   return failed == 0;
+}
+
+/// Block-wide: waits until every peer announced `seq` for this block and phase (polling the peers).
+__device__ __forceinline__ bool waitPeers(const CallArgs& a, int phase, uint64_t seq) {
+  return waitEach(a, seq, [&](int q) { return flagOf(a.peers.base[q], phase, blockIdx.x); });
+}
+
+/// Block-wide: waits until every peer's data of call `seq` is in this rank's staging buffer (Note
+/// [Push flags]; polling its own memory). `block`: the flag's thread block (0 after put-with-signal).
+__device__ __forceinline__ bool waitPushed(const CallArgs& a, uint64_t seq, int block) {
+  char* own = a.peers.base[a.rank];
+  return waitEach(a, seq, [&](int q) { return pushFlagOf(own, q, block); });
+}
+
+/// Block-wide: once every thread's earlier stores are done, raises this rank's push flag of this
+/// block in every peer's area (Note [Push flags]).
+__device__ __forceinline__ void signalPushed(const CallArgs& a, uint64_t seq) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    for (int i = 1; i < a.world; ++i)
+      storeRelease(pushFlagOf(a.peers.base[(a.rank + i) % a.world], a.rank, blockIdx.x), seq);
+  }
 }
 
 // ---- LL lines ----
@@ -235,6 +270,8 @@ __device__ __forceinline__ bool llRecv(const CallArgs& a, const char* slot, uint
 
 // ---- 16-byte vectors ----
 
+__device__ __forceinline__ bool isAligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
 /// Vector v of the user's buffer; bytes past nbytes read as zero.
 __device__ __forceinline__ uint4 loadUser(const char* p, uint64_t v, uint64_t nbytes, bool aligned) {
   const uint64_t off = v * 16;
@@ -260,9 +297,33 @@ __device__ __forceinline__ void storeUser(char* p, uint64_t v, uint64_t nbytes, 
 __device__ __forceinline__ uint4 loadPeer(const char* staging, uint64_t v) {
   return __ldcg(reinterpret_cast<const uint4*>(staging) + v);
 }
+/// Vector v of a buffer another rank wrote this call (any alignment; bytes past nbytes read as
+/// zero): 16-byte loads cached in L2 only where it can.
+__device__ __forceinline__ uint4 loadFrom(const char* p, uint64_t v, uint64_t nbytes) {
+  const uint64_t off = v * 16;
+  if ((reinterpret_cast<uintptr_t>(p) & 15) == 0 && off + 16 <= nbytes) return loadPeer(p, v);
+  uint4 r = make_uint4(0, 0, 0, 0);
+  char* b = reinterpret_cast<char*>(&r);
+  for (int i = 0; i < 16 && off + i < nbytes; ++i) b[i] = p[off + i];
+  return r;
+}
 
 __device__ __forceinline__ void storeStaging(char* staging, uint64_t v, uint4 x) {
   __stcg(reinterpret_cast<uint4*>(staging) + v, x);
+}
+
+/// Vectors [lo, hi) of nbytes at `src` (written by another rank this call) copied to `dst` (any
+/// alignment), kUnroll loads in flight per thread.
+__device__ __forceinline__ void copyVectors(const char* src, char* dst, uint64_t nbytes, uint64_t lo, uint64_t hi) {
+  const bool aligned = isAligned(dst);
+  for (uint64_t v = lo + threadIdx.x; v < hi; v += kUnroll * blockDim.x) {
+    uint4 x[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) x[u] = v + u * blockDim.x < hi ? loadFrom(src, v + u * blockDim.x, nbytes) : uint4{};
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (v + u * blockDim.x < hi) storeUser(dst, v + u * blockDim.x, nbytes, aligned, x[u]);
+  }
 }
 
 /// This block's vectors [lo, hi) of the user's buffer copied into a staging buffer, kUnroll
@@ -408,6 +469,26 @@ __device__ __forceinline__ void reduceRanks(const DirectArgs& a, uint64_t seq, u
     uint4 x[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) x[u] = v0 + u * stride < hi ? loadPeer(s, v0 + u * stride) : uint4{};
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (q == 0) acc[u].set(x[u]);
+      else acc[u].template combine<kOp>(x[u]);
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) out[u] = acc[u].get();
+}
+
+/// Vectors v0 + u * stride (u < kUnroll, those below hi) of src[0..world-1] (each nbytes long,
+/// any alignment) reduced in rank order 0..p-1, as reduceRanks does.
+template <typename T, RedOp kOp>
+__device__ __forceinline__ void reduceFrom(const char* const* src, int world, uint64_t nbytes, uint64_t v0,
+                                           uint64_t stride, uint64_t hi, uint4 (&out)[kUnroll]) {
+  Vec<T> acc[kUnroll];
+  for (int q = 0; q < world; ++q) {
+    uint4 x[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) x[u] = v0 + u * stride < hi ? loadFrom(src[q], v0 + u * stride, nbytes) : uint4{};
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       if (q == 0) acc[u].set(x[u]);

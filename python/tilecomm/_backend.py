@@ -19,7 +19,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from tilecomm import algorithms, cuda_model, selector, settings, topology
+from tilecomm import algorithms, cuda_model, nvshmem, selector, settings, topology
 
 log = logging.getLogger("tilecomm")
 _registered = False
@@ -103,8 +103,11 @@ def create(opts, pg_options=None):
         token = secrets.token_hex(32)
         # How the host's GPUs are joined (NVML, no CUDA context); used at the first direct CUDA call.
         gpus = list(topology.host_gpu_links()) if getattr(_C, "HAS_CUDA", False) else []
+        cuda = _cuda_thresholds(cfg, profile, world)
+        if getattr(_C, "HAS_CUDA", False):
+            cuda["nvshmem_algorithms"] = _nvshmem_config(cfg, forced, profile, world, len(set(topo.domains)) == 1)
         return {"settings": cfg, "labels": labels, "links": links, "token": token, "tables": tables,
-                "profile": profile_info, "gpu_links": gpus, "cuda": _cuda_thresholds(cfg, profile, world)}
+                "profile": profile_info, "gpu_links": gpus, "cuda": cuda}
 
     try:
         agreed = _agree(store, pre + "config", rank, make_config)
@@ -166,7 +169,15 @@ def create(opts, pg_options=None):
         log.info("tilecomm world=%d topology: %s", world, topo)
         log.info("tilecomm world=%d profile: %s", world, agreed["profile"])
         if _C.HAS_CUDA:
-            log.info("tilecomm world=%d CUDA kernels (bytes; per peer memory): %s", world, agreed["cuda"])
+            log.info("tilecomm world=%d CUDA kernels (bytes; per peer memory): %s", world,
+                     {m: agreed["cuda"][m] for m in cuda_model.MEMORIES})
+            nv = agreed["cuda"]["nvshmem_algorithms"]
+            if nv["lib"]:
+                log.info("tilecomm world=%d NVSHMEM algorithms offered (%s); pull from (bytes per rank): all_gather "
+                         "%s, reduce_scatter %s", world, nv["lib"], nv["all_gather_pull_bytes"],
+                         nv["reduce_scatter_pull_bytes"])
+            else:
+                log.info("tilecomm world=%d NVSHMEM algorithms not offered: %s", world, nv["why"])
         _log_tables(world, agreed["tables"])
         # Once per (collective, size class) in use, the engine logs the choice and its predicted time.
         for coll, table in agreed["tables"].items():
@@ -178,6 +189,8 @@ def create(opts, pg_options=None):
         # GPUs reach each other's memory only inside a shared-memory domain (one host):
         # a group with TCP links stages every CUDA operation through pinned host memory.
         one_domain = len(set(topo.domains)) == 1
+        if agreed["cuda"]["nvshmem_algorithms"]["lib"]:  # NVSHMEM's bootstrap: the group is on this host
+            os.environ.setdefault("NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME", "lo")
         pg.set_cuda(
             store,
             pre,
@@ -189,6 +202,7 @@ def create(opts, pg_options=None):
             ll_bytes=[agreed["cuda"][m]["ll_bytes"] for m in cuda_model.MEMORIES],
             transport="host_mapped" if cfg["TILECOMM_TRANSPORT"] == "host_mapped" else "auto",
             gpu_links=[tuple(x) for x in agreed["gpu_links"]],
+            nvshmem=agreed["cuda"]["nvshmem_algorithms"],
         )
     return pg
 
@@ -202,6 +216,18 @@ def _cuda_thresholds(cfg, profile, world) -> dict:
             limits["ll_bytes"] = cfg["TILECOMM_LL_BYTES"]
         if cfg["TILECOMM_CUDA_TWO_SHOT_BYTES"] >= 0:
             limits["two_shot_bytes"] = cfg["TILECOMM_CUDA_TWO_SHOT_BYTES"]
+    return out
+
+
+def _nvshmem_config(cfg, forced, profile, world, one_domain) -> dict:
+    """The group's NVSHMEM settings (rank 0's): the library (or why none), forced kernels, and from which
+    size pull replaces push (the CUDA model's crossovers at this world size)."""
+    from tilecomm import _C  # noqa: PLC0415
+
+    lib, why = nvshmem.offered(cfg, one_domain, bool(getattr(_C, "HAS_NVSHMEM", False)))
+    out = {"lib": lib, "why": why, "bytes": max(0, cfg["TILECOMM_NVSHMEM_BYTES"]), "data": cfg["TILECOMM_NVSHMEM_DATA"],
+           "all_gather": forced.get("cuda:all_gather", ""), "reduce_scatter": forced.get("cuda:reduce_scatter", "")}
+    out.update(cuda_model.nvshmem_thresholds(profile, world))
     return out
 
 

@@ -12,13 +12,14 @@ count twice). A kernel's predicted time for an n-byte message at p ranks is
 with alpha (s per call: the launch and the kernel's fixed work), alpha_round
 (s per round), alpha_peer (s per round and peer) and beta (s per byte)
 belonging to a peer memory (``cuda_ipc``: GPU memory; ``host_mapped``:
-shared host memory over PCIe) and a protocol (``ll`` or ``simple``). The
+shared host memory over PCIe; ``nvshmem``: NVSHMEM's symmetric heap, where
+the ``nvshmem_*`` kernels run) and a protocol (``ll`` or ``simple``). The
 constants live in the profile's ``cuda`` section (the shipped default's, or
 one fitted by ``python -m tilecomm.tune --cuda-from``); ``thresholds`` turns
 them into what the group's C++ side looks up per call: per peer memory, the
 largest all_reduce that runs the LL kernel and the smallest that runs
-two_shot. The same LL limit serves all_gather (its LL kernel is the only
-direct one).
+two_shot. The same LL limit serves all_gather's LL kernel; above it, and for
+reduce_scatter, ``nvshmem_thresholds`` says from which size pull replaces push.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-MEMORIES = ("cuda_ipc", "host_mapped")  # index = cuda::PeerMemory
+MEMORIES = ("cuda_ipc", "host_mapped", "nvshmem")  # index = cuda::PeerMemory
 PROTOCOLS = ("ll", "simple")
 LL_MAX_BYTES = 1 << 20  # the LL buffer (cuda::kLLMaxBytes)
 NEVER = (1 << 64) - 1  # a threshold no message reaches
@@ -38,6 +39,7 @@ class Kernel:
     protocol: str
     rounds: Callable[[int], float]
     wire: Callable[[int], float]  # bytes moved per rank per message byte
+    memory: str = ""  # the only peer memory it runs over ("": the group's cuda_ipc or host_mapped)
 
 
 KERNELS = {
@@ -48,7 +50,17 @@ KERNELS = {
     # stage n; round 1: reduce my 1/p from the peers; round 2: gather the other (p - 1)/p.
     "allreduce_two_shot": Kernel("all_reduce", "simple", lambda p: 2, lambda p: 1 + 2 * (p - 1) / p),
     "allgather_direct_ll": Kernel("all_gather", "ll", lambda p: 1, lambda p: 2 * (p - 1)),
+    # (n: bytes per rank's block) store (p - 1) x n into peers, own block n, copy (p - 1) x n out.
+    "allgather_nvshmem_push": Kernel("all_gather", "simple", lambda p: 1, lambda p: 2 * p - 1, "nvshmem"),
+    # stage n, own block n, one flag round, read (p - 1) x n of peers' staging buffers.
+    "allgather_nvshmem_pull": Kernel("all_gather", "simple", lambda p: 1, lambda p: p + 1, "nvshmem"),
+    # store (p - 1) x n into peers, reduce p x n locally.
+    "reducescatter_nvshmem_push": Kernel("reduce_scatter", "simple", lambda p: 1, lambda p: 2 * p - 1, "nvshmem"),
+    # stage (p - 1) x n, one flag round, read (p - 1) x n of peers' and n own, reduce.
+    "reducescatter_nvshmem_pull": Kernel("reduce_scatter", "simple", lambda p: 1, lambda p: 2 * p - 1, "nvshmem"),
 }
+# Kernels TILECOMM_ALGO can force (the others follow TILECOMM_PROTO and TILECOMM_CUDA_ALLREDUCE).
+FORCEABLE = {k: v for k, v in KERNELS.items() if v.memory == "nvshmem"}
 
 # Fitted on one H200 shared by 2 and 4 ranks under MPS, from CUDA-graph replay of the forced kernels
 # (benchmarks/results/gpu_latency_h200_transports.jsonl; the fit and its errors: docs/benchmarks.md).
@@ -61,6 +73,11 @@ DEFAULT = {
     "host_mapped": {
         "ll": {"alpha_s": 5.8e-06, "alpha_round_s": 0.0, "alpha_peer_s": 3.5e-06, "beta_s_per_byte": 3.6e-10},
         "simple": {"alpha_s": 5.7e-06, "alpha_round_s": 1.3e-06, "alpha_peer_s": 4.2e-06, "beta_s_per_byte": 6.5e-11},
+    },
+    # The symmetric heap is GPU memory too: cuda_ipc's constants until a fit says otherwise.
+    "nvshmem": {
+        "ll": {"alpha_s": 3.3e-06, "alpha_round_s": 0.0, "alpha_peer_s": 1.5e-06, "beta_s_per_byte": 2.4e-12},
+        "simple": {"alpha_s": 3.7e-06, "alpha_round_s": 1.3e-06, "alpha_peer_s": 1.8e-06, "beta_s_per_byte": 3.9e-12},
     },
 }
 _KEYS = ("alpha_s", "alpha_round_s", "alpha_peer_s", "beta_s_per_byte")
@@ -101,6 +118,20 @@ def thresholds(profile, p: int) -> dict:
                 break
             ll = n
         out[m] = {"ll_bytes": ll, "two_shot_bytes": two_shot}
+    return out
+
+
+def nvshmem_thresholds(profile, p: int) -> dict:
+    """``all_gather_pull_bytes`` and ``reduce_scatter_pull_bytes``: from which size (bytes per rank's block)
+    the pull kernel's prediction at p ranks is below push's (NEVER if at no size up to 1 TiB)."""
+    consts = constants(profile)
+    sizes = [1 << k for k in range(4, 41)]
+    out = {}
+    for coll, short in (("all_gather", "allgather"), ("reduce_scatter", "reducescatter")):
+        def t(kind, n, short=short):
+            return predict(f"{short}_nvshmem_{kind}", p, n, consts, "nvshmem")
+
+        out[f"{coll}_pull_bytes"] = next((n for n in sizes if t("pull", n) < t("push", n)), NEVER)
     return out
 
 

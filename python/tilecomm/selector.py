@@ -155,13 +155,24 @@ def predict_algo(algo: algorithms.Algorithm, p: int, nbytes: int, profile=DEFAUL
     return predict(terms(algo, p, layout, layout), nbytes, profile, algo=algo.name, world=p, dtype=dtype)
 
 
+def _cuda_forceable():
+    """(collective, short name, id) of the CUDA kernels TILECOMM_ALGO can force (cuda_model.FORCEABLE)."""
+    from tilecomm import cuda_model  # noqa: PLC0415
+
+    return [(k.collective, name.split("_", 1)[1], name) for name, k in cuda_model.FORCEABLE.items()]
+
+
 def parse_forced(spec: str) -> dict[str, str]:
-    """TILECOMM_ALGO -> {collective: algorithm id}. Raises ValueError naming the valid choices."""
+    """TILECOMM_ALGO -> {collective: algorithm id}; a CUDA kernel (cuda_model.FORCEABLE) goes under
+    ``"cuda:<collective>"`` by its short name (the CPU tables ignore those keys). Raises ValueError
+    naming the valid choices."""
     forced: dict[str, str] = {}
     spec = spec.strip()
     if not spec:
         return forced
-    valid = sorted({a.short for a in algorithms.ALGORITHMS} | {a.name for a in algorithms.ALGORITHMS})
+    cuda = _cuda_forceable()
+    valid = sorted({a.short for a in algorithms.ALGORITHMS} | {a.name for a in algorithms.ALGORITHMS}
+                   | {short for _, short, _ in cuda} | {name for _, _, name in cuda})
     for part in filter(None, (x.strip() for x in spec.split(";"))):
         if ":" in part:
             coll, name = (x.strip() for x in part.split(":", 1))
@@ -169,16 +180,23 @@ def parse_forced(spec: str) -> dict[str, str]:
                 raise ValueError(f"TILECOMM_ALGO: unknown collective {coll!r}; valid: {', '.join(algorithms.COLLECTIVES)}")
             cands = algorithms.for_collective(coll)
             match = [a for a in cands if name in (a.short, a.name)]
-            if not match:
-                names = ", ".join(a.short for a in cands)
+            on_cuda = [short for c, short, full in cuda if c == coll and name in (short, full)]
+            if on_cuda:
+                forced[f"cuda:{coll}"] = on_cuda[0]
+            elif not match:
+                names = ", ".join([a.short for a in cands] + [short for c, short, _ in cuda if c == coll])
                 raise ValueError(f"TILECOMM_ALGO: {coll} has no algorithm {name!r}; valid for {coll}: {names}")
-            forced[coll] = match[0].name
+            else:
+                forced[coll] = match[0].name
         else:
             match = [a for a in algorithms.ALGORITHMS if part in (a.short, a.name)]
-            if not match:
+            on_cuda = [(c, short) for c, short, full in cuda if part in (short, full)]
+            if not match and not on_cuda:
                 raise ValueError(f"TILECOMM_ALGO: unknown algorithm {part!r}; valid: {', '.join(valid)}")
             for a in match:
                 forced[a.collective] = a.name
+            for c, short in on_cuda:
+                forced[f"cuda:{c}"] = short
     return forced
 
 

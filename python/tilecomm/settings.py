@@ -28,7 +28,9 @@ SETTINGS = [
         "Force algorithms. A bare name applies to every collective that has it (`ring`); "
         "`collective:name` pairs separated by `;` pick per collective "
         '(`"all_reduce:recursive_doubling;all_gather:ring"`). Full ids (`allreduce_ring`) work too. '
-        "An unknown or inapplicable name is an error at init that lists the valid names.",
+        "An unknown or inapplicable name is an error at init that lists the valid names. "
+        "`nvshmem_push` and `nvshmem_pull` (all_gather, reduce_scatter) apply to CUDA tensors only (CPU "
+        "tensors keep their table), and a CUDA call raises if NVSHMEM is not available.",
     ),
     Setting(
         "TILECOMM_DEBUG",
@@ -144,6 +146,33 @@ SETTINGS = [
         "(`TILECOMM_LL_BYTES`, by default the CUDA model's, per peer memory). LL "
         "never replaces an all_reduce that `TILECOMM_CUDA_ALLREDUCE=staged` stages.",
         ("auto", "ll", "simple"),
+    ),
+    Setting(
+        "TILECOMM_NVSHMEM",
+        str,
+        "auto",
+        "NVSHMEM algorithms for CUDA all_gather and reduce_scatter (CUDA builds with the NVSHMEM headers). "
+        "`auto`: offered where NVSHMEM's host library is found (the `nvidia-nvshmem-cu13` wheel, or "
+        "`$NVSHMEM_HOME/lib`) and the group is on one host; NVSHMEM is initialised at the first call that needs "
+        "it (its bootstrap listens on `lo` unless `NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME` is set). `off`: never.",
+        ("auto", "off"),
+    ),
+    Setting(
+        "TILECOMM_NVSHMEM_BYTES",
+        int,
+        33554432,
+        "Bytes of each of the two staging buffers a group keeps on NVSHMEM's symmetric heap (never freed "
+        "before the process exits); larger NVSHMEM calls run in pieces of this size / world size per rank.",
+    ),
+    Setting(
+        "TILECOMM_NVSHMEM_DATA",
+        str,
+        "auto",
+        "How the NVSHMEM push algorithms move data. `auto`: tilecomm's kernels store into peers through "
+        "their `nvshmem_ptr` addresses where every rank has one for every peer, else NVSHMEM's "
+        "put-with-signal; `put_signal`: always put-with-signal (pull algorithms, which read peers through "
+        "those addresses, then become push, or raise when forced).",
+        ("auto", "put_signal"),
     ),
     Setting(
         "TILECOMM_LL_BYTES",

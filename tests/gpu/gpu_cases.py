@@ -722,3 +722,120 @@ def gpu_topology(rank, world, gloo):
     dist.all_reduce(t)
     torch.cuda.synchronize()
     return tilecomm.gpu_topology()
+
+
+# ---------------------------------------------------------------- NVSHMEM (all_gather, reduce_scatter)
+
+
+def _nvshmem_calls(rank, world, gloo, g, dtypes, ops, sizes, expect, what, in_place, large=()):
+    """all_gather (tensor and list) and reduce_scatter (tensor; list for sum and max) of every (dtype, op,
+    size) in group g, and of `large` sizes for float32, bfloat16 and int8 only, against the closed form and
+    across ranks; `expect` names the kernel each must run (None: any). in_place: even ranks pass inputs on
+    the symmetric heap (peers read them in place when pulling)."""
+    import tilecomm
+
+    be = g._get_backend(torch.device("cuda"))
+    most = max(list(sizes) + list(large)) * world * 8
+    cases = [(name, n) for name in dtypes for n in sizes]
+    cases += [(name, n) for name in ("bfloat16", "float32", "int8") if name in dtypes for n in large]
+    heap = tilecomm.symmetric_empty(most, dtype=torch.uint8, group=g) if in_place else None
+
+    def source(x):
+        if heap is None or rank % 2:
+            return x
+        t = heap[: x.numel() * x.element_size()].view(x.dtype)
+        t.copy_(x)
+        return t
+
+    def ran(kind, tag):
+        got = be.cuda_last_kernel()
+        want = expect.get(kind) if expect else None
+        check(want is None or got == want, f"{tag}: ran {got!r}, expected {want!r}")
+
+    calls = 0
+    for name, n in cases:
+        dt = DTYPES[name]
+        tag = f"{what} all_gather {name} n={n}"
+        x = source(data(rank, n, dt).to(dev()))
+        want = torch.cat([data(r, n, dt) for r in range(world)])
+        out = torch.full((world * n,), 1, dtype=dt, device=dev())
+        dist.all_gather_into_tensor(out, x, group=g)
+        check_equal(out, want, tag)
+        identical(gloo, out, tag)
+        ran("all_gather", tag)
+        outs = [torch.zeros(n, dtype=dt, device=dev()) for _ in range(world)]
+        dist.all_gather(outs, x, group=g)
+        check_equal(torch.cat(outs), want, tag + " (list)")
+        ran("all_gather", tag + " (list)")
+        calls += 2
+        for op in ops:
+            if not applicable(op, dt):
+                continue
+            tag = f"{what} reduce_scatter {name} {op} n={n}"
+            blocks = [data(rank, n, dt, op, salt=q) for q in range(world)]
+            inp = source(torch.cat(blocks).to(dev()))
+            keep = inp.clone()
+            o = torch.zeros(n, dtype=dt, device=dev())
+            dist.reduce_scatter_tensor(o, inp, op=reduce_op(op), group=g)
+            want = closed_form(world, n, dt, op, salt=rank)
+            check_equal(o, want, tag)
+            check_equal(inp, keep.cpu(), tag + ": input changed")
+            if not dt.is_complex:
+                ran("reduce_scatter", tag)
+            calls += 1
+            if op not in ("sum", "max"):
+                continue
+            o2 = torch.zeros(n, dtype=dt, device=dev())
+            dist.reduce_scatter(o2, [b.to(dev()) for b in blocks], op=reduce_op(op), group=g)
+            check_equal(o2, want, tag + " (list)")
+            calls += 1
+    torch.cuda.synchronize()
+    return calls, be.cuda_status()
+
+
+def spawn_nvshmem(rank, world, port, configs, dtypes, ops, sizes, large=()):
+    """Every config ({name: [TILECOMM_* environment, {collective: kernel expected or None}, in_place, a
+    narrower {"dtypes", "ops"} or {}]}) in a new tilecomm group of the same processes (NVSHMEM is
+    initialised once, by the first). A config whose
+    kernel is "error: <text>" must raise a ValueError containing the text at its first CUDA all_gather,
+    and leave the group usable for CPU tensors."""
+    from datetime import timedelta
+
+    import tilecomm  # noqa: F401
+
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    timeout = timedelta(seconds=120)
+    dist.init_process_group("tilecomm", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}",
+                            timeout=timeout)
+    gloo = dist.new_group(backend="gloo", timeout=timeout)
+    report = {}
+    start = time.monotonic()
+    for name, (env, expect, in_place, narrower) in configs.items():
+        for k in [k for k in os.environ if k.startswith("TILECOMM_") and not k.startswith("TILECOMM_TEST_")]:
+            del os.environ[k]
+        os.environ.update(env)
+        g = dist.new_group(backend="tilecomm", timeout=timeout)
+        err = (expect or {}).get("all_gather", "") or ""
+        if err.startswith("error: "):
+            x = torch.ones(8, device=dev())
+            try:
+                dist.all_gather_into_tensor(torch.empty(8 * world, device=dev()), x, group=g)
+                check(False, f"{name}: no error")
+            except ValueError as e:
+                check(err[7:] in str(e), f"{name}: {e}")
+            c = torch.ones(3)
+            dist.all_reduce(c, group=g)  # the group still serves CPU tensors
+            check_equal(c, torch.full((3,), float(world)), f"{name}: CPU all_reduce after the error")
+            report[name] = (0, g._get_backend(torch.device("cuda")).cuda_status())
+        else:
+            report[name] = _nvshmem_calls(rank, world, gloo, g, narrower.get("dtypes", dtypes),
+                                          narrower.get("ops", ops), sizes, expect, name, in_place, large)
+        if rank == 0:
+            print(f"spawn_nvshmem world={world}: {name} done at {time.monotonic() - start:.0f} s, "
+                  f"{len(_FAILURES)} failed checks so far", flush=True)
+        torch.cuda.synchronize()
+        dist.destroy_process_group(g)
+    torch.cuda.synchronize()
+    dist.destroy_process_group()
+    finish()
+    return report

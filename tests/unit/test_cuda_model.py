@@ -15,8 +15,15 @@ KNOWN = {
         "ll": {"alpha_s": 8e-6, "alpha_round_s": 0.0, "alpha_peer_s": 3e-6, "beta_s_per_byte": 4e-10},
         "simple": {"alpha_s": 5e-6, "alpha_round_s": 3e-6, "alpha_peer_s": 4e-6, "beta_s_per_byte": 5e-11},
     },
+    # No LL kernel runs over NVSHMEM (its LL constants stay the default's); the block kernels all take
+    # one round, so alpha_round cannot be told from alpha and stays 0.
+    "nvshmem": {
+        "ll": cuda_model.DEFAULT["nvshmem"]["ll"],
+        "simple": {"alpha_s": 6e-6, "alpha_round_s": 0.0, "alpha_peer_s": 3e-6, "beta_s_per_byte": 3e-12},
+    },
 }
 ENTRIES = {"ll": "allreduce_one_shot_ll", "one_shot": "allreduce_one_shot", "two_shot": "allreduce_two_shot"}
+FITTED = [(m, pr) for m in cuda_model.MEMORIES for pr in cuda_model.PROTOCOLS if (m, pr) != ("nvshmem", "ll")]
 
 
 def records(consts, worlds=(2, 4), sizes=(8, 1024, 65536, 1 << 20), noise=0.0):
@@ -32,6 +39,11 @@ def records(consts, worlds=(2, 4), sizes=(8, 1024, 65536, 1 << 20), noise=0.0):
                     r[f"{key}:graph"] = cuda_model.predict(kernel, p, n, consts, memory) * 1e6 * wobble
                     r["kernels"][key] = kernel
                     r["memory"][f"{prefix}{entry}"] = memory
+            for kernel, k in cuda_model.FORCEABLE.items():  # all_gather:nvshmem_push, ...
+                key = f"{k.collective}:{kernel.split('_', 1)[1]}"
+                r[f"{key}:graph"] = cuda_model.predict(kernel, p, n, consts, "nvshmem") * 1e6 * (1 + noise * (-1) ** i)
+                r["kernels"][key] = kernel
+                r["memory"][kernel.split("_", 1)[1]] = "nvshmem"
                 r[f"all_reduce:{prefix}ll:eager"] = 40.0  # eager times are not fitted
             out.append(r)
     return out
@@ -39,37 +51,38 @@ def records(consts, worlds=(2, 4), sizes=(8, 1024, 65536, 1 << 20), noise=0.0):
 
 def test_fit_recovers_known_constants():
     consts, notes = cuda_model.fit(records(KNOWN))
-    assert notes == []
-    for m in cuda_model.MEMORIES:
-        for pr in cuda_model.PROTOCOLS:
-            for key, want in KNOWN[m][pr].items():
-                assert consts[m][pr][key] == pytest.approx(want, rel=1e-6), (m, pr, key)
-            assert consts[m][pr]["fit"]["median_error"] < 1e-9
+    assert len(notes) == 1 and "nvshmem ll" in notes[0]
+    for m, pr in FITTED:
+        for key, want in KNOWN[m][pr].items():
+            assert consts[m][pr][key] == pytest.approx(want, rel=1e-6, abs=1e-15), (m, pr, key)
+        assert consts[m][pr]["fit"]["median_error"] < 1e-9
 
 
 def test_fit_with_noise_stays_close():
     consts, _ = cuda_model.fit(records(KNOWN, sizes=(8, 64, 1024, 16384, 262144, 1 << 20), noise=0.05))
-    for m in cuda_model.MEMORIES:
-        for pr in cuda_model.PROTOCOLS:
-            c = consts[m][pr]
-            assert c["fit"]["median_error"] < 0.1
-            for n in (8, 4096, 1 << 20):
-                for p in (2, 4):
-                    k = "allreduce_one_shot_ll" if pr == "ll" else "allreduce_one_shot"
-                    got = cuda_model.predict(k, p, n, consts, m)
-                    assert got == pytest.approx(cuda_model.predict(k, p, n, KNOWN, m), rel=0.15)
+    for m, pr in FITTED:
+        c = consts[m][pr]
+        assert c["fit"]["median_error"] < 0.1
+        for n in (8, 4096, 1 << 20):
+            for p in (2, 4):
+                k = "allreduce_one_shot_ll" if pr == "ll" else "allreduce_one_shot"
+                if m == "nvshmem":
+                    k = "allgather_nvshmem_push"
+                got = cuda_model.predict(k, p, n, consts, m)
+                assert got == pytest.approx(cuda_model.predict(k, p, n, KNOWN, m), rel=0.15)
 
 
 def test_too_few_points_keep_the_defaults():
     one_world = records(KNOWN, worlds=(4,))
     consts, notes = cuda_model.fit(one_world)
-    assert len(notes) == 4 and all("kept the defaults" in n for n in notes)
+    assert len(notes) == 6 and all("kept the defaults" in n for n in notes)
     assert consts == cuda_model.constants(None)
 
 
 def test_samples_skip_failures_staged_auto_and_eager():
     r = records(KNOWN, worlds=(2,), sizes=(8,))[0]
-    assert len(cuda_model.samples([r])) == 6  # 3 forced kernels x 2 memories, graph times only
+    # 3 forced kernels x 2 memories and 4 NVSHMEM kernels, graph times only
+    assert len(cuda_model.samples([r])) == 10
     r["all_reduce:one_shot:graph"] = "failed: something"
     r["kernels"]["all_gather:ll"] = "staged"  # a staged all_gather with a graph time
     r["all_gather:ll:graph"] = 50.0
@@ -77,7 +90,7 @@ def test_samples_skip_failures_staged_auto_and_eager():
     r["kernels"]["all_reduce:auto"] = "allreduce_one_shot_ll"
     r["all_reduce:auto:graph"] = 5.0
     got = cuda_model.samples([r])
-    assert len(got) == 5, got
+    assert len(got) == 9, got
     kinds = {(m, k) for m, k, *_ in got}
     assert ("cuda_ipc", "allreduce_one_shot") not in kinds
     assert ("host_mapped", "allreduce_one_shot") in kinds
@@ -145,3 +158,20 @@ def test_tune_cuda_from_writes_a_profile(tmp_path, capsys, monkeypatch):
     regrets = tune.cuda_regret(recs)
     assert {k for k in regrets} == {(2, "all_reduce:auto"), (4, "all_reduce:auto")}
     assert all(r >= 1.0 for rs in regrets.values() for _, r in rs)
+
+
+def test_nvshmem_thresholds_are_the_model_crossovers():
+    for p in (2, 4, 8):
+        t = cuda_model.nvshmem_thresholds({"cuda": KNOWN}, p)
+        for coll, short in (("all_gather", "allgather"), ("reduce_scatter", "reducescatter")):
+            n = t[f"{coll}_pull_bytes"]
+            pull = cuda_model.predict(f"{short}_nvshmem_pull", p, n, KNOWN, "nvshmem")
+            push = cuda_model.predict(f"{short}_nvshmem_push", p, n, KNOWN, "nvshmem")
+            if n == cuda_model.NEVER:
+                assert pull >= push
+            else:
+                assert pull < push
+    # pull stages n and reads (p - 1) x n; push stores (p - 1) x n and copies them out again: from 3 ranks,
+    # pull moves fewer bytes, and wins once the bytes dominate
+    assert cuda_model.nvshmem_thresholds({"cuda": KNOWN}, 4)["all_gather_pull_bytes"] != cuda_model.NEVER
+    assert cuda_model.nvshmem_thresholds({"cuda": KNOWN}, 2)["all_gather_pull_bytes"] == cuda_model.NEVER

@@ -250,3 +250,18 @@ def test_describe_profile_names_the_source_and_constants():
     prof = dict(PROFILE, name="mine")
     line = selector.describe_profile(prof, "/x/p.json")
     assert "mine (from /x/p.json)" in line and "world sizes 4" in line
+
+
+def test_forced_cuda_kernels_go_under_cuda_keys():
+    both = {"cuda:all_gather": "nvshmem_push", "cuda:reduce_scatter": "nvshmem_push"}
+    assert selector.parse_forced("nvshmem_push") == both
+    assert selector.parse_forced("all_gather:nvshmem_pull") == {"cuda:all_gather": "nvshmem_pull"}
+    assert selector.parse_forced("all_gather:allgather_nvshmem_pull;all_reduce:ring") == {
+        "cuda:all_gather": "nvshmem_pull", "all_reduce": "allreduce_ring"}
+    with pytest.raises(ValueError, match="broadcast has no algorithm 'nvshmem_push'"):
+        selector.parse_forced("broadcast:nvshmem_push")
+    with pytest.raises(ValueError, match="valid for all_gather: .*nvshmem_pull"):
+        selector.parse_forced("all_gather:nvshmem_sideways")
+    # CPU tables do not see the CUDA entries: all_gather keeps its priced table
+    forced = selector.parse_forced("nvshmem_pull")
+    assert selector.build_table("all_gather", 4, forced) == selector.build_table("all_gather", 4, {})

@@ -1,0 +1,81 @@
+// Host side of the block kernels (blocks.h): checks, pieces, arguments, grid.
+#include "cuda/blocks.h"
+
+#include <algorithm>
+#include <string>
+
+#include "common/error.h"
+#include "cuda/blocks_launch.cuh"
+#include "cuda/nvshmem.h"
+
+namespace tilecomm::cuda {
+
+const char* blockAlgoName(BlockAlgo a) {
+  switch (a) {
+    case BlockAlgo::kAllGatherPush: return "allgather_nvshmem_push";
+    case BlockAlgo::kAllGatherPull: return "allgather_nvshmem_pull";
+    case BlockAlgo::kReduceScatterPush: return "reducescatter_nvshmem_push";
+    default: return "reducescatter_nvshmem_pull";
+  }
+}
+
+uint64_t runBlocks(BlockAlgo algo, PeerTransport& t, const BlockCall& call, bool put_signal, cudaStream_t stream,
+                   uint64_t timeout_ns, bool* in_place) {
+  const bool gather = algo == BlockAlgo::kAllGatherPush || algo == BlockAlgo::kAllGatherPull;
+  const bool push = algo == BlockAlgo::kAllGatherPush || algo == BlockAlgo::kReduceScatterPush;
+  const int p = t.world(), me = t.rank();
+  // A piece's blocks, one slot per rank, fill at most one staging buffer.
+  const uint64_t piece = t.capacity() / p / 256 * 256;
+  if (t.memory() != PeerMemory::kNvshmem || piece == 0 || call.nbytes == 0)
+    throw Error(ErrorKind::kInvalid, std::string(blockAlgoName(algo)) + " called outside its limits");
+  if (put_signal ? !push : !t.allDirect())
+    throw Error(ErrorKind::kInvalid, std::string(blockAlgoName(algo)) +
+                                         (put_signal ? " cannot use put-with-signal (only push algorithms can)"
+                                                     : " needs a peer address of every rank's area (nvshmem_ptr)"));
+  char* own = t.peers().base[me];
+  // Peers read a pull rank's input in place when all of it lies on the symmetric heap.
+  const uint64_t in_bytes = gather ? call.nbytes : p * call.nbytes;
+  const bool read_in_place = !push && (gather || call.in_contiguous) && nvshmem::onHeap(call.in[0], in_bytes);
+  if (in_place) *in_place = read_in_place;
+  BlockArgs a{};
+  uint64_t launch = 0;
+  for (uint64_t off = 0; off < call.nbytes; off += piece) {
+    const uint64_t n = std::min(piece, call.nbytes - off);
+    beginCall(a, t, timeout_ns, gather ? KernelKind::kAllGather : KernelKind::kReduceScatter);
+    for (int q = 0; q < p; ++q) {
+      a.in[q] = call.in[q] ? static_cast<const char*>(call.in[q]) + off : nullptr;
+      a.out[q] = call.out[q] ? static_cast<char*>(call.out[q]) + off : nullptr;
+    }
+    a.nbytes = n;
+    a.slot = (n + 255) / 256 * 256;
+    a.stride = call.nbytes;
+    a.source = read_in_place ? a.in[0] - own : kStagedSource;
+    a.write = !put_signal;
+    // NOTE: the grid depends on n only, so every rank's block b covers the same vectors and
+    // raises and waits on the same flags.
+    const uint64_t per_block = 4 * kUnroll * kThreads;
+    const int blocks =
+        static_cast<int>(std::clamp<uint64_t>((n + 16 * per_block - 1) / (16 * per_block), 1, t.blockBudget()));
+    const uint64_t s = t.nextCall();  // the kernel's own sequence number (Note [Device sequence])
+    if (put_signal) {  // Note [Push flags]: NVSHMEM writes the data and then the flag of thread block 0
+      char* slot = stagingOf(own, t.capacity(), s) + me * a.slot;  // symmetric: the same slot on every PE
+      for (int i = 1; i < p; ++i) {
+        const int q = (me + i) % p;
+        nvshmem::putSignal(slot, gather ? a.in[0] : a.in[q], n, pushFlagOf(own, me, 0), s, q, stream);
+      }
+    }
+    switch (algo) {
+      case BlockAlgo::kAllGatherPush: launchAllGatherPush(a, blocks, stream); break;
+      case BlockAlgo::kAllGatherPull: launchAllGatherPull(a, blocks, stream); break;
+      case BlockAlgo::kReduceScatterPush: launchReduceScatterPush(a, blocks, call.dtype, call.op, stream); break;
+      case BlockAlgo::kReduceScatterPull: launchReduceScatterPull(a, blocks, call.dtype, call.op, stream); break;
+    }
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+      throw Error(ErrorKind::kSystem, std::string(blockAlgoName(algo)) + " launch: " + cudaGetErrorString(e));
+    launch = a.launch;
+  }
+  return launch;
+}
+
+}  // namespace tilecomm::cuda

@@ -1,0 +1,53 @@
+// Direct all_gather and reduce_scatter over the NVSHMEM peer transport
+// (PeerMemory::kNvshmem): one kernel file per algorithm
+// (allgather_nvshmem_push.cu, allgather_nvshmem_pull.cu,
+// reducescatter_nvshmem_push.cu, reducescatter_nvshmem_pull.cu) and this host
+// side (blocks.cu), which cuts a call into pieces that fit the staging buffers.
+//
+// Both collectives move one block of nbytes per pair of ranks:
+// - push: rank r stores its block for q into slot r of q's staging buffer and
+//   raises its push flag there (Note [Push flags]); q waits on its own memory,
+//   then copies (all_gather) or reduces in rank order (reduce_scatter) the slots.
+//   Peers without a peer address are reached with NVSHMEM's put-with-signal
+//   from the host (`put_signal`), whose signal is the same push flag.
+// - pull: rank r stages its input (or, if it lies on the symmetric heap, lets
+//   peers read it in place: sourceOf()) and announces it; each q reads what it
+//   needs from every peer, starting at a different peer, then says it is done
+//   (phase 1); a rank read in place waits for that before its kernel ends.
+// Every kernel takes its sequence number from the device counter (Note
+// [Device sequence]); the host counts calls too (put_signal needs the value).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "common/types.h"
+#include "cuda/peer_transport.h"
+
+namespace tilecomm::cuda {
+
+enum class BlockAlgo : uint8_t { kAllGatherPush, kAllGatherPull, kReduceScatterPush, kReduceScatterPull };
+
+/// "allgather_nvshmem_push", ...
+const char* blockAlgoName(BlockAlgo a);
+
+/// One call: all_gather reads in[0] and writes out[q] (rank q's block); reduce_scatter reads
+/// in[q] (its block for rank q) and writes out[0]. Every pointer is device memory of t's device.
+struct BlockCall {
+  const void* in[kMaxRanks] = {};
+  void* out[kMaxRanks] = {};
+  uint64_t nbytes = 0;       // bytes per block, > 0
+  DType dtype = DType::kBytes;  // reduce_scatter
+  RedOp op = RedOp::kNone;      // reduce_scatter
+  bool in_contiguous = false;   // reduce_scatter: in[q] = in[0] + q * nbytes
+};
+
+/// Enqueues `call` on `stream` as one or more calls over `t` (nvshmem memory), each at most a
+/// staging buffer's worth. put_signal (push only) moves the data with NVSHMEM's put-with-signal
+/// instead of the kernels' stores (needed for peers without a peer address). Returns the last
+/// kernel's launch id; *in_place says whether peers read this rank's input in place.
+uint64_t runBlocks(BlockAlgo algo, PeerTransport& t, const BlockCall& call, bool put_signal, cudaStream_t stream,
+                   uint64_t timeout_ns, bool* in_place);
+
+}  // namespace tilecomm::cuda

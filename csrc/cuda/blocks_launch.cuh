@@ -1,0 +1,49 @@
+// Device side shared by the block kernels of blocks.h: where a rank's input is
+// read from (Note [Block sources]) and the kernels' launchers.
+#pragma once
+
+#include "cuda/blocks.h"
+#include "cuda/dispatch.cuh"
+
+namespace tilecomm::cuda {
+
+// Note [Block sources]: before a pull kernel announces its input (phase 0), each
+// of its thread blocks writes where the input lies into sourceOf(own, seq): its
+// staging buffer (kStagedSource) or, in place, an offset from its area's base on
+// the symmetric heap. A peer reads the word after it saw the announcement of
+// the same thread block, so the release that published the announcement also
+// published the word. Ranks of one call may differ (one in place, one staged).
+
+/// Block-wide, before signal(a, 0, seq): publishes where this rank's input of call seq lies.
+__device__ __forceinline__ void publishSource(const BlockArgs& a, uint64_t seq) {
+  if (threadIdx.x == 0) *reinterpret_cast<volatile int64_t*>(sourceOf(a.peers.base[a.rank], seq)) = a.source;
+}
+
+/// Rank q's block `index` of call seq (after waitPeers(a, 0, seq)): in q's staging buffer
+/// (slot `index`), or in place on the heap (block `index` of its input).
+__device__ __forceinline__ const char* sourceBlock(const BlockArgs& a, int q, uint64_t seq, int index) {
+  char* base = a.peers.base[q];
+  const int64_t at = *reinterpret_cast<volatile int64_t*>(sourceOf(base, seq));
+  if (at == kStagedSource) return stagingOf(base, a.capacity, seq) + index * a.slot;
+  return base + at + index * a.stride;
+}
+
+/// Block-wide: vectors [lo, hi) of out[0] = src[0..p-1] reduced in rank order (reduceFrom).
+template <typename T, RedOp kOp>
+__device__ __forceinline__ void reduceInto(const BlockArgs& a, const char* const* src, uint64_t lo, uint64_t hi) {
+  const bool aligned = isAligned(a.out[0]);
+  for (uint64_t v = lo + threadIdx.x; v < hi; v += kUnroll * blockDim.x) {
+    uint4 x[kUnroll];
+    reduceFrom<T, kOp>(src, a.world, a.nbytes, v, blockDim.x, hi, x);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (v + u * blockDim.x < hi) storeUser(a.out[0], v + u * blockDim.x, a.nbytes, aligned, x[u]);
+  }
+}
+
+void launchAllGatherPush(const BlockArgs& a, int blocks, cudaStream_t s);
+void launchAllGatherPull(const BlockArgs& a, int blocks, cudaStream_t s);
+void launchReduceScatterPush(const BlockArgs& a, int blocks, DType dtype, RedOp op, cudaStream_t s);
+void launchReduceScatterPull(const BlockArgs& a, int blocks, DType dtype, RedOp op, cudaStream_t s);
+
+}  // namespace tilecomm::cuda
