@@ -83,12 +83,10 @@ void CudaGroup::releasePeers() {
   cudaStreamSynchronize(raw_stream_);
   // NOTE: a peer may still be reading our staging buffers in its last direct kernel; wait
   // (bounded: a dead peer reads nothing) until each says it is done, then free them.
-  for (auto* t : {&ipc_, &nvs_}) {
-    if (!*t) continue;
-    if (watch_)  // a peer that died since the watchdog last looked is not waited for
-      for (const auto& [rank, note] : watch_()) (*t)->peerDied(rank, note);
-    (*t)->drain(std::min<int64_t>(settings_.timeout_ms, 10000));
-  }
+  // (The NVSHMEM area is never freed, Note [NVSHMEM lifetime]: nothing to wait for.)
+  if (ipc_ && watch_)  // a peer that died since the watchdog last looked is not waited for
+    for (const auto& [rank, note] : watch_()) ipc_->peerDied(rank, note);
+  if (ipc_) ipc_->drain(std::min<int64_t>(settings_.timeout_ms, 10000));
   cudaSetDevice(prev);
 }
 
@@ -120,6 +118,10 @@ std::shared_ptr<CudaOp> CudaGroup::begin(const c10::Device& device) {
 namespace {
 constexpr int kLastAllGatherLL = 100;  // last_kernel_ after an LL all_gather
 constexpr int kLastBlocks = 200;       // + BlockAlgo: after an NVSHMEM all_gather or reduce_scatter
+
+// NVSHMEM's collective calls (init, heap allocations) of this process, one group at a time: the
+// groups' tasks run on different threads (Note [NVSHMEM lifetime]).
+std::mutex g_nvshmem_collectives;
 
 std::optional<cuda::BlockAlgo> forcedBlocks(const std::string& forced, cuda::BlockAlgo push, cuda::BlockAlgo pull) {
   if (forced == "nvshmem_push") return push;
@@ -285,9 +287,19 @@ void CudaGroup::watchLoop() {
 }
 
 bool CudaGroup::setUpNvshmem() {
+  try {
+    return setUpNvshmemOnce();
+  } catch (const std::exception& e) {  // a Store timeout: no second attempt with the same keys
+    nvs_why_ = e.what();
+    return false;
+  }
+}
+
+bool CudaGroup::setUpNvshmemOnce() {
   // NOTE: every rank gets here in the same task (Note [Issue order]); each step is agreed through
   // the Store before the next, so that no rank enters a collective NVSHMEM call that another
   // rank will not make (a library that loads on one rank only, an init that fails on one).
+  std::lock_guard<std::mutex> collectives(g_nvshmem_collectives);
   const std::string key = prefix_ + "nvshmem/";
   auto agree = [&](const std::string& step, std::string why) {
     store_->set(key + step + "/" + std::to_string(rank_), toBytes(why.empty() ? "ok" : why));
@@ -379,6 +391,7 @@ void* CudaGroup::symmetricAlloc(uint64_t nbytes, const c10::Device& device) {
   if (nvs_state_ != Ipc::kOn)
     throw Error(ErrorKind::kInvalid, "tilecomm: no symmetric memory: NVSHMEM is not available: " + nvs_why_);
   c10::cuda::CUDAGuard guard(device);
+  std::lock_guard<std::mutex> collectives(g_nvshmem_collectives);
   void* p = cuda::nvshmem::malloc(std::max<uint64_t>(nbytes, 1));  // collective
   if (!p) throw Error(ErrorKind::kSystem, "nvshmem_malloc of " + std::to_string(nbytes) + " bytes failed");
   return p;

@@ -163,6 +163,7 @@ class CudaGroup {
   /// One attempt to set up NVSHMEM and its transport with every rank; false (nvs_why_ says why) if
   /// any rank failed.
   bool setUpNvshmem();
+  bool setUpNvshmemOnce();  // setUpNvshmem's steps (they may throw)
   /// Binds the group to `device` (its internal stream) unless it is bound already.
   void bind(const c10::Device& device);
   void startWatchdog();

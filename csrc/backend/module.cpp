@@ -176,8 +176,10 @@ PYBIND11_MODULE(_C, m) {
       py::arg("store"), py::arg("prefix"), py::arg("allreduce"), py::arg("ipc_bytes"), py::arg("two_shot_bytes"),
       py::arg("timeout_ms"), py::arg("proto"), py::arg("ll_bytes"), py::arg("transport") = "auto",
       py::arg("gpu_links") = std::vector<std::tuple<std::string, std::string, std::string>>{}, py::arg("nvshmem"));
+  // NOTE: without the GIL: it waits for its turn behind the group's operations, whose Future
+  // callbacks may need it.
   pg.def("symmetric_empty", &backend::ProcessGroupTilecomm::symmetricEmpty, py::arg("sizes"), py::arg("dtype"),
-         py::arg("device"));
+         py::arg("device"), py::call_guard<py::gil_scoped_release>());
   // NVSHMEM's own fcollect over every PE (benchmarks): out and in on the symmetric heap, on the
   // current stream; NVSHMEM must have been set up by a group.
   m.def("nvshmem_fcollect", [](at::Tensor& out, const at::Tensor& in) {

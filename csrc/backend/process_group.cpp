@@ -441,20 +441,25 @@ at::Tensor ProcessGroupTilecomm::symmetricEmpty(const std::vector<int64_t>& size
                                                const c10::Device& device) {
   TORCH_CHECK_VALUE(cuda_, "tilecomm: this process group was created without CUDA support");
   TORCH_CHECK_VALUE(device.is_cuda(), "tilecomm: symmetric memory is on CUDA devices; got ", device);
-  int64_t numel = 1;
+  uint64_t nbytes = c10::elementSize(dtype);
   for (int64_t d : sizes) {
     TORCH_CHECK_VALUE(d >= 0, "tilecomm: symmetric_empty got a negative size ", d);
-    numel *= d;
+    TORCH_CHECK_VALUE(!__builtin_mul_overflow(nbytes, static_cast<uint64_t>(d), &nbytes),
+                      "tilecomm: symmetric_empty: the size overflows");
   }
-  const uint64_t nbytes = static_cast<uint64_t>(numel) * c10::elementSize(dtype);
   void* p = nullptr;
   std::exception_ptr err;
   exec::Engine::Task task;  // in issue order: every rank makes the collective allocations in one order
   task.run = [&] {
+    // NOTE: every exception is caught here: one escaping a task would stop the group's issue order.
     try {
+      const std::string failed = engine_->failure();  // a dead peer would never reach the collective
+      if (!failed.empty()) std::rethrow_exception(failedGroup(failed));
       p = cuda_->symmetricAlloc(nbytes, device);
     } catch (const Error& e) {
       err = toException(e);
+    } catch (...) {
+      err = std::current_exception();
     }
   };
   task.done = [] {};

@@ -63,6 +63,7 @@ uint64_t runBlocks(BlockAlgo algo, PeerTransport& t, const BlockCall& call, bool
         const int q = (me + i) % p;
         nvshmem::putSignal(slot, gather ? a.in[0] : a.in[q], n, pushFlagOf(own, me, 0), s, q, stream);
       }
+      nvshmem::quiet(stream);  // NOTE: a flag holds the last value set: call s + 1's may not land first
     }
     switch (algo) {
       case BlockAlgo::kAllGatherPush: launchAllGatherPush(a, blocks, stream); break;

@@ -33,6 +33,7 @@ struct Api {
   decltype(&nvshmem_barrier_all) barrier_all = nullptr;
   decltype(&nvshmemx_putmem_signal_on_stream) putmem_signal_on_stream = nullptr;
   decltype(&nvshmemx_fcollectmem_on_stream) fcollectmem_on_stream = nullptr;
+  decltype(&nvshmemx_quiet_on_stream) quiet_on_stream = nullptr;
 };
 
 std::mutex g_mu;  // load and init
@@ -74,6 +75,7 @@ std::string load(const std::string& path) {
   bind(g_api.barrier_all, "nvshmem_barrier_all", why);
   bind(g_api.putmem_signal_on_stream, "nvshmemx_putmem_signal_on_stream", why);
   bind(g_api.fcollectmem_on_stream, "nvshmemx_fcollectmem_on_stream", why);
+  bind(g_api.quiet_on_stream, "nvshmemx_quiet_on_stream", why);
   return g_load_why = why;
 }
 
@@ -131,6 +133,8 @@ void putSignal(void* dest, const void* src, uint64_t bytes, uint64_t* sig, uint6
   g_api.putmem_signal_on_stream(dest, src, bytes, sig, value, NVSHMEM_SIGNAL_SET, pe, stream);
 }
 
+void quiet(cudaStream_t stream) { g_api.quiet_on_stream(stream); }
+
 int fcollect(void* dest, const void* src, uint64_t bytes, cudaStream_t stream) {
   return g_api.fcollectmem_on_stream(NVSHMEM_TEAM_WORLD, dest, src, bytes, stream);
 }
@@ -150,6 +154,7 @@ void* ptr(const void*, int) { return nullptr; }
 bool onHeap(const void*, uint64_t) { return false; }
 void barrierAll() {}
 void putSignal(void*, const void*, uint64_t, uint64_t*, uint64_t, int, cudaStream_t) {}
+void quiet(cudaStream_t) {}
 int fcollect(void*, const void*, uint64_t, cudaStream_t) { return -1; }
 
 #endif

@@ -13,6 +13,11 @@
 // allocations are collective, so each is made inside a task of a group (issue
 // order is the same on every rank) and none is ever freed: a free is
 // collective as well, and ranks destroy groups and tensors at different times.
+// Issue order holds within a group: where several groups use NVSHMEM, their
+// first NVSHMEM call (the set-up) and their symmetric allocations must come in
+// the same order on every rank (as with any collective over several groups;
+// asynchronous operations of different groups are not ordered). The process
+// makes one group's collective NVSHMEM calls at a time.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -46,6 +51,9 @@ void barrierAll();
 /// Stream-ordered: bytes from `src` (local) to `dest` (symmetric) on `pe`, then *sig = value there.
 void putSignal(void* dest, const void* src, uint64_t bytes, uint64_t* sig, uint64_t value, int pe,
                cudaStream_t stream);
+/// Stream-ordered: every earlier put of this PE delivered (so that the next call's puts, and their
+/// signals, cannot overtake them on a transport that does not keep order).
+void quiet(cudaStream_t stream);
 /// Stream-ordered NVSHMEM fcollect of `bytes` per PE over every PE (dest, src symmetric). Returns
 /// NVSHMEM's status.
 int fcollect(void* dest, const void* src, uint64_t bytes, cudaStream_t stream);

@@ -225,7 +225,10 @@ def _nvshmem_config(cfg, forced, profile, world, one_domain) -> dict:
     from tilecomm import _C  # noqa: PLC0415
 
     lib, why = nvshmem.offered(cfg, one_domain, bool(getattr(_C, "HAS_NVSHMEM", False)))
-    out = {"lib": lib, "why": why, "bytes": max(0, cfg["TILECOMM_NVSHMEM_BYTES"]), "data": cfg["TILECOMM_NVSHMEM_DATA"],
+    staging = cfg["TILECOMM_NVSHMEM_BYTES"]
+    if lib and staging < 256 * world:  # a piece carries at least 256 bytes of each rank's block
+        lib, why = "", f"TILECOMM_NVSHMEM_BYTES={staging} is below 256 bytes per rank ({256 * world})"
+    out = {"lib": lib, "why": why, "bytes": max(0, staging), "data": cfg["TILECOMM_NVSHMEM_DATA"],
            "all_gather": forced.get("cuda:all_gather", ""), "reduce_scatter": forced.get("cuda:reduce_scatter", "")}
     out.update(cuda_model.nvshmem_thresholds(profile, world))
     return out

@@ -30,7 +30,8 @@ SETTINGS = [
         '(`"all_reduce:recursive_doubling;all_gather:ring"`). Full ids (`allreduce_ring`) work too. '
         "An unknown or inapplicable name is an error at init that lists the valid names. "
         "`nvshmem_push` and `nvshmem_pull` (all_gather, reduce_scatter) apply to CUDA tensors only (CPU "
-        "tensors keep their table), and a CUDA call raises if NVSHMEM is not available.",
+        "tensors keep their table), and a CUDA call raises if NVSHMEM is not available (reduce_scatter "
+        "of complex tensors, and groups of over 16 ranks, stay staged).",
     ),
     Setting(
         "TILECOMM_DEBUG",
@@ -162,7 +163,8 @@ SETTINGS = [
         int,
         33554432,
         "Bytes of each of the two staging buffers a group keeps on NVSHMEM's symmetric heap (never freed "
-        "before the process exits); larger NVSHMEM calls run in pieces of this size / world size per rank.",
+        "before the process exits); larger NVSHMEM calls run in pieces of this size / world size per rank. "
+        "Below 256 bytes per rank, NVSHMEM is not offered.",
     ),
     Setting(
         "TILECOMM_NVSHMEM_DATA",

@@ -46,3 +46,10 @@ def test_bad_settings_are_errors():
         cfg(TILECOMM_NVSHMEM_DATA="sideways")
     with pytest.raises(ValueError, match="TILECOMM_NVSHMEM="):
         cfg(TILECOMM_NVSHMEM="maybe")
+
+
+def test_the_build_says_whether_it_has_the_nvshmem_parts():
+    from tilecomm import _C
+
+    assert isinstance(_C.HAS_NVSHMEM, bool)
+    assert _C.HAS_NVSHMEM <= _C.HAS_CUDA  # the NVSHMEM parts come only with the CUDA parts
