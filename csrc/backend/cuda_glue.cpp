@@ -412,10 +412,9 @@ void CudaGroup::allReduceDirect(CudaOp& op, at::Tensor& t, DType dtype, RedOp ro
   op.ipc = ipc_;
 }
 
-void CudaGroup::allGatherDirect(CudaOp& op, const at::Tensor& in, const std::vector<at::Tensor>& outs,
+void CudaGroup::allGatherDirect(CudaOp& op, const at::Tensor& in, const std::vector<void*>& outs,
                                 int64_t timeout_ms) {
-  std::vector<void*> out;
-  for (const at::Tensor& t : outs) out.push_back(t.data_ptr());
+  std::vector<void*> out = outs;
   uint64_t timeout_ns = static_cast<uint64_t>(timeout_ms) * 1000000ull;
   last_kernel_ = kLastAllGatherLL;
   op.direct_launch = cuda::allGatherDirectLL(*ipc_, in.data_ptr(), out.data(), in.nbytes(), op.stream.stream(),

@@ -146,7 +146,7 @@ class CudaGroup {
   /// internal stream, with the kernel the settings pick for its size and the group's peer memory.
   void allReduceDirect(CudaOp& op, at::Tensor& t, DType dtype, RedOp rop, int64_t timeout_ms);
   /// In a task, inside CudaOp::run: enqueues an LL all_gather of `in` into outs[q] (one per rank).
-  void allGatherDirect(CudaOp& op, const at::Tensor& in, const std::vector<at::Tensor>& outs, int64_t timeout_ms);
+  void allGatherDirect(CudaOp& op, const at::Tensor& in, const std::vector<void*>& outs, int64_t timeout_ms);
   /// In a task, inside CudaOp::run: body over pinned host copies of the tensors (reads are
   /// copied in first; writes are copied back once body returned).
   void runStaged(const std::vector<at::Tensor>& reads, const std::vector<at::Tensor>& writes,
@@ -199,7 +199,7 @@ class CudaGroup {
   std::string nvs_why_;
   bool nvs_direct_ = false;  // kernel stores (every rank has every peer address), else put-with-signal
   std::shared_ptr<cuda::PeerTransport> nvs_;  // assigned under watch_mu_ (the watchdog reads it)
-  std::atomic<uint64_t> in_place_calls_{0};   // NVSHMEM calls whose input peers read in place
+  std::atomic<uint64_t> in_place_calls_{0};   // NVSHMEM calls whose input peers read, or whose output they write, in place
 
   PeerWatch watch_;  // Note [GPU watchdog]
   std::mutex watch_mu_;

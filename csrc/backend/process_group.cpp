@@ -360,14 +360,14 @@ ProcessGroupTilecomm::Direct ProcessGroupTilecomm::directAllReduce(const at::Ten
 #endif
 }
 
-ProcessGroupTilecomm::Direct ProcessGroupTilecomm::directAllGather(const at::Tensor& in, std::vector<at::Tensor> outs,
+ProcessGroupTilecomm::Direct ProcessGroupTilecomm::directAllGather(const at::Tensor& in, std::vector<void*> outs,
                                                                  int64_t timeout_ms) {
 #ifdef TILECOMM_WITH_CUDA
   if (!cuda_ || !in.is_cuda()) return nullptr;
   if (auto algo = cuda_->allGatherBlocks(in.nbytes())) {
     cuda::BlockCall call;
     call.in[0] = in.data_ptr();
-    for (int q = 0; q < size_; ++q) call.out[q] = outs[q].data_ptr();
+    for (int q = 0; q < size_; ++q) call.out[q] = outs[q];
     call.nbytes = in.nbytes();
     return [this, call, algo = *algo, timeout_ms](CudaOp& cop) {  // the tensors live in the CudaCall
       auto run = cuda_->nvshmemReady(cop, algo);  // the same answer on every rank
@@ -566,9 +566,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::_allgather_base(at::Tensor&
                     " elements; expected world size (", size_, ") x input (", input.numel(), ")");
   int64_t timeout = timeoutOf(opts.timeout, timeout_ms_);
   at::Tensor in = input, out = output;
-  std::vector<at::Tensor> blocks;  // the LL kernel's view of the output: one block per rank
-  for (int r = 0; in.is_cuda() && r < size_; ++r)
-    blocks.push_back(out.view({-1}).narrow(0, r * in.numel(), in.numel()));
+  // The kernels' view of the output: one block per rank. NOTE: addresses, not narrowed views:
+  // the views would cost a few microseconds each per call, and the Work keeps `out` alive.
+  std::vector<void*> blocks;
+  for (int r = 0; in.is_cuda() && r < size_; ++r) blocks.push_back(static_cast<char*>(out.data_ptr()) + r * in.nbytes());
   Direct direct = directAllGather(in, std::move(blocks), timeout);
   return launch(c10d::OpType::_ALLGATHER_BASE, opts.asyncOp, {out}, {in}, {out}, [=](const Host& h) {
     at::Tensor flat = h(out).view({-1});
@@ -587,7 +588,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::allgather(std::vector<std::
                     " tensors; expected the world size ", size_);
   for (size_t i = 0; i < outs.size(); ++i) checkSame(in, outs[i], "all_gather output", i);
   int64_t timeout = timeoutOf(opts.timeout, timeout_ms_);
-  Direct direct = directAllGather(in, outs, timeout);
+  std::vector<void*> blocks;
+  for (const at::Tensor& t : outs) blocks.push_back(t.data_ptr());
+  Direct direct = directAllGather(in, std::move(blocks), timeout);
   return launch(c10d::OpType::ALLGATHER, opts.asyncOp, outs, {in}, outs, [=](const Host& h) {
     at::Tensor x = h(in);
     at::Tensor buf = at::empty({size_ * in.numel()}, x.options());
