@@ -11,7 +11,8 @@ iterations of the slowest rank) it times float32 all_gather_into_tensor through:
 
 - tilecomm groups with TILECOMM_ALGO forcing ``nvshmem_push``, ``nvshmem_pull`` (input staged),
   ``nvshmem_pull`` with the input on the symmetric heap (``pull_in_place``: read by the peers where it
-  lies), ``nvshmem_push`` with ``TILECOMM_NVSHMEM_DATA=put_signal``, and ``auto``;
+  lies), ``nvshmem_push`` with the output on the symmetric heap (``push_in_place``: the peers store
+  into it), ``nvshmem_push`` with ``TILECOMM_NVSHMEM_DATA=put_signal``, and ``auto``;
 - tilecomm's LL all_gather over cuda_ipc (``ipc_ll``; up to its 1 MiB buffer) and the staged path (up
   to 16 MiB);
 - NVSHMEM's ``fcollect`` (nvshmemx_fcollectmem_on_stream) on symmetric tensors;
@@ -96,6 +97,8 @@ def _rank(rank, world, args):
         xi = sym_in[:n]
         timed("all_gather:pull_in_place", lambda: dist.all_gather_into_tensor(out, xi, group=pull), pull)
         so = sym_out[: world * n]
+        push = groups["push"]
+        timed("all_gather:push_in_place", lambda: dist.all_gather_into_tensor(so, x, group=push), push)
         timed("all_gather:fcollect", lambda: nvshmem.fcollect(so, xi))
         if args.reduce_scatter:
             big = torch.ones(world * n, device=dev)

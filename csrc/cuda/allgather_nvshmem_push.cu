@@ -1,10 +1,13 @@
-// allgather_nvshmem_push (CUDA, NVSHMEM symmetric heap): every rank stores its
-// block into slot `rank` of every peer's staging buffer with 16-byte stores
-// through nvshmem_ptr addresses (or NVSHMEM's put-with-signal did it from the
-// host), raises one push flag per peer, then waits on its own memory only and
-// copies the slots into its output. Cost: one one-way trip; per rank (p-1) x n
-// written to peers and (p-1) x n copied locally. Wins where a rank's own
-// stores are cheaper than its reads of peers (writes need no round trip).
+// allgather_nvshmem_push (CUDA, NVSHMEM symmetric heap): every rank announces
+// where its output lies (Note [Block sources]); then stores its block into
+// every peer with 16-byte stores through nvshmem_ptr addresses, straight into
+// the peer's output when that lies on the symmetric heap, else into slot
+// `rank` of the peer's staging buffer (or NVSHMEM's put-with-signal did that
+// from the host, without the announcement); raises one push flag per peer and
+// waits on its own memory only; a staged rank then copies the slots into its
+// output. Cost: two flag rounds (one with put-with-signal); per rank (p-1) x n
+// written to peers, plus (p-1) x n copied locally when staged. With outputs on
+// the heap it moves the least any all_gather can: n read, p x n written.
 #include "cuda/blocks_launch.cuh"
 
 namespace tilecomm::cuda {
@@ -16,25 +19,42 @@ __global__ void __launch_bounds__(kThreads, 2) allgatherPushKernel(BlockArgs a) 
   blockRange(nvec, lo, hi);
   const uint64_t step = kUnroll * blockDim.x;
   const bool in_aligned = isAligned(a.in[0]), own_aligned = isAligned(a.out[a.rank]);
-  // send: my block into slot `rank` of every peer's staging buffer, and into my own output
-  for (uint64_t v = lo + threadIdx.x; v < hi; v += step) {
+  // announce: where peers write my output (a.write only: put-with-signal targets staging)
+  bool ok = true;
+  char* dst[kMaxRanks];
+  bool staged[kMaxRanks], aligned[kMaxRanks];
+  if (a.write) {
+    publishDest(a, c.seq);
+    signal(a, 0, c.seq);
+    ok = waitPeers(a, 0, c.seq);
+    for (int q = 0; ok && q < a.world; ++q) {
+      if (q == a.rank) continue;
+      dst[q] = destBlock(a, q, c.seq, &staged[q]);
+      aligned[q] = isAligned(dst[q]);
+    }
+  }
+  // send: my block into every peer, and into my own output
+  for (uint64_t v = lo + threadIdx.x; ok && v < hi; v += step) {
     uint4 x[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
       x[u] = v + u * blockDim.x < hi ? loadUser(a.in[0], v + u * blockDim.x, a.nbytes, in_aligned) : uint4{};
     for (int i = 1; a.write && i < a.world; ++i) {
-      char* slot = stagingOf(a.peers.base[(a.rank + i) % a.world], a.capacity, c.seq) + a.rank * a.slot;
+      const int q = (a.rank + i) % a.world;
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
-        if (v + u * blockDim.x < hi) storeStaging(slot, v + u * blockDim.x, x[u]);
+      for (int u = 0; u < kUnroll; ++u) {
+        if (v + u * blockDim.x >= hi) continue;
+        if (staged[q]) storeStaging(dst[q], v + u * blockDim.x, x[u]);
+        else storeUser(dst[q], v + u * blockDim.x, a.nbytes, aligned[q], x[u]);
+      }
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
       if (v + u * blockDim.x < hi) storeUser(a.out[a.rank], v + u * blockDim.x, a.nbytes, own_aligned, x[u]);
   }
-  if (a.write) signalPushed(a, c.seq);
-  // receive: once every peer's block is here, slot q into output block q
-  if (waitPushed(a, c.seq, a.write ? blockIdx.x : 0)) {
+  if (ok && a.write) signalPushed(a, c.seq);
+  // receive: once every peer's block is here, a staged rank copies slot q into output block q
+  if (ok && waitPushed(a, c.seq, a.write ? blockIdx.x : 0) && a.dest == kStagedSource) {
     const char* mine = stagingOf(a.peers.base[a.rank], a.capacity, c.seq);
     for (int i = 1; i < a.world; ++i) {
       const int q = (a.rank + i) % a.world;

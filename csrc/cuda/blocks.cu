@@ -36,7 +36,11 @@ uint64_t runBlocks(BlockAlgo algo, PeerTransport& t, const BlockCall& call, bool
   // Peers read a pull rank's input in place when all of it lies on the symmetric heap.
   const uint64_t in_bytes = gather ? call.nbytes : p * call.nbytes;
   const bool read_in_place = !push && (gather || call.in_contiguous) && nvshmem::onHeap(call.in[0], in_bytes);
-  if (in_place) *in_place = read_in_place;
+  // Peers write an all_gather push rank's output in place when it is one range on the heap.
+  bool write_in_place = gather && push && !put_signal && nvshmem::onHeap(call.out[0], p * call.nbytes);
+  for (int q = 1; write_in_place && q < p; ++q)
+    write_in_place = call.out[q] == static_cast<char*>(call.out[0]) + q * call.nbytes;
+  if (in_place) *in_place = read_in_place || write_in_place;
   BlockArgs a{};
   uint64_t launch = 0;
   for (uint64_t off = 0; off < call.nbytes; off += piece) {
@@ -50,12 +54,13 @@ uint64_t runBlocks(BlockAlgo algo, PeerTransport& t, const BlockCall& call, bool
     a.slot = (n + 255) / 256 * 256;
     a.stride = call.nbytes;
     a.source = read_in_place ? a.in[0] - own : kStagedSource;
+    a.dest = write_in_place ? a.out[0] - own : kStagedSource;
     a.write = !put_signal;
     // NOTE: the grid depends on n only, so every rank's block b covers the same vectors and
-    // raises and waits on the same flags.
+    // raises and waits on the same flags; doubleBudget() keeps all ranks' kernels resident.
     const uint64_t per_block = 4 * kUnroll * kThreads;
-    const int blocks =
-        static_cast<int>(std::clamp<uint64_t>((n + 16 * per_block - 1) / (16 * per_block), 1, t.blockBudget()));
+    const int blocks = static_cast<int>(
+        std::clamp<uint64_t>((n + 16 * per_block - 1) / (16 * per_block), 1, t.doubleBudget()));
     const uint64_t s = t.nextCall();  // the kernel's own sequence number (Note [Device sequence])
     if (put_signal) {  // Note [Push flags]: NVSHMEM writes the data and then the flag of thread block 0
       char* slot = stagingOf(own, t.capacity(), s) + me * a.slot;  // symmetric: the same slot on every PE

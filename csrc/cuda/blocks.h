@@ -8,6 +8,8 @@
 // - push: rank r stores its block for q into slot r of q's staging buffer and
 //   raises its push flag there (Note [Push flags]); q waits on its own memory,
 //   then copies (all_gather) or reduces in rank order (reduce_scatter) the slots.
+//   all_gather push first learns where each peer's output lies (destOf): one on
+//   the symmetric heap is written in place and needs no copy.
 //   Peers without a peer address are reached with NVSHMEM's put-with-signal
 //   from the host (`put_signal`), whose signal is the same push flag.
 // - pull: rank r stages its input (or, if it lies on the symmetric heap, lets
@@ -46,7 +48,8 @@ struct BlockCall {
 /// Enqueues `call` on `stream` as one or more calls over `t` (nvshmem memory), each at most a
 /// staging buffer's worth. put_signal (push only) moves the data with NVSHMEM's put-with-signal
 /// instead of the kernels' stores (needed for peers without a peer address). Returns the last
-/// kernel's launch id; *in_place says whether peers read this rank's input in place.
+/// kernel's launch id; *in_place says whether peers read this rank's input or write its output
+/// in place (all_gather push into an output that is one range on the symmetric heap).
 uint64_t runBlocks(BlockAlgo algo, PeerTransport& t, const BlockCall& call, bool put_signal, cudaStream_t stream,
                    uint64_t timeout_ns, bool* in_place);
 

@@ -13,6 +13,10 @@ namespace tilecomm::cuda {
 // the symmetric heap. A peer reads the word after it saw the announcement of
 // the same thread block, so the release that published the announcement also
 // published the word. Ranks of one call may differ (one in place, one staged).
+// all_gather push publishes its output the same way (destOf): peers store into
+// it in place when it lies on the heap, into its staging buffer otherwise. A
+// word of parity s & 1 is rewritten only by call s + 2, which starts after
+// every peer's call s has read it (call s ends after every peer's block wrote).
 
 /// Block-wide, before signal(a, 0, seq): publishes where this rank's input of call seq lies.
 __device__ __forceinline__ void publishSource(const BlockArgs& a, uint64_t seq) {
@@ -26,6 +30,22 @@ __device__ __forceinline__ const char* sourceBlock(const BlockArgs& a, int q, ui
   const int64_t at = *reinterpret_cast<volatile int64_t*>(sourceOf(base, seq));
   if (at == kStagedSource) return stagingOf(base, a.capacity, seq) + index * a.slot;
   return base + at + index * a.stride;
+}
+
+/// Block-wide, before signal(a, 0, seq): publishes where peers write this rank's output of call
+/// seq (all_gather push; Note [Block sources], for the destination).
+__device__ __forceinline__ void publishDest(const BlockArgs& a, uint64_t seq) {
+  if (threadIdx.x == 0) *reinterpret_cast<volatile int64_t*>(destOf(a.peers.base[a.rank], seq)) = a.dest;
+}
+
+/// Where this rank's block of call seq goes in rank q's memory (after waitPeers(a, 0, seq)):
+/// slot `rank` of q's staging buffer (*staged set), or block `rank` of q's output in place.
+__device__ __forceinline__ char* destBlock(const BlockArgs& a, int q, uint64_t seq, bool* staged) {
+  char* base = a.peers.base[q];
+  const int64_t at = *reinterpret_cast<volatile int64_t*>(destOf(base, seq));
+  *staged = at == kStagedSource;
+  if (*staged) return stagingOf(base, a.capacity, seq) + a.rank * a.slot;
+  return base + at + a.rank * a.stride;
 }
 
 /// Block-wide: vectors [lo, hi) of out[0] = src[0..p-1] reduced in rank order (reduceFrom).

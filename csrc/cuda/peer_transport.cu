@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -12,6 +13,19 @@
 #include "cuda/nvshmem.h"
 
 namespace tilecomm::cuda {
+
+// Note [Block budget]: the ranks' spinning kernels must all be resident at once, so the ranks
+// sharing a GPU may take one block per SM of it between them. Under MPS with
+// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = pct, the SM count a process sees is already its share
+// (pct % of the GPU); the whole GPU is sms x 100 / pct, and world ranks may take that / world
+// each, never more than their own share. Without the variable a process sees the whole GPU.
+int blockBudgetFor(int sms, int world, const char* mps_percentage) {
+  double pct = mps_percentage ? std::atof(mps_percentage) : 100.0;
+  if (!(pct > 0.0 && pct <= 100.0)) pct = 100.0;
+  const double whole = sms * 100.0 / pct;
+  const int budget = static_cast<int>(std::min<double>(sms, whole / world));
+  return std::max(1, std::min(kMaxBlocks, budget));
+}
 
 namespace {
 
@@ -46,7 +60,7 @@ PeerTransport::PeerTransport(PeerMemory memory, int rank, int world, int device,
   try {
     int sms = 0;
     check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-    block_budget_ = std::max(1, std::min(kMaxBlocks, sms / world));
+    block_budget_ = blockBudgetFor(sms, world, std::getenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
     const uint64_t bytes = areaBytes();
     // NOTE: zeroed once, here; flags, counter and LL lines are never reset afterwards (Note [Flags]).
     if (memory == PeerMemory::kHostMapped) {

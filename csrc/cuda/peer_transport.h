@@ -37,6 +37,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -90,14 +91,15 @@ struct SeqCounter {
   unsigned long long arrived;  // thread blocks that finished (atomically counted)
 };
 
-/// Byte offsets inside an area: [flags | counter | source offsets] [push flags] [staging 0]
+/// Byte offsets inside an area: [flags | counter | source and destination offsets] [push flags] [staging 0]
 /// [staging 1] [LL 0] [LL 1]; an LL buffer holds one slot per rank of 2 x ll_capacity bytes
 /// (16-byte lines carrying 8 data bytes).
 constexpr uint64_t kCounterOffset = kPhases * kMaxBlocks * sizeof(uint64_t);
 constexpr uint64_t kSourceOffset = kCounterOffset + 64;
 constexpr uint64_t kPushOffset = 4096;
 constexpr uint64_t kFlagBytes = kPushOffset + kMaxRanks * kMaxBlocks * sizeof(uint64_t);
-static_assert(kSourceOffset + 2 * sizeof(int64_t) <= kPushOffset, "flags, counter and offsets must fit their page");
+constexpr uint64_t kDestOffset = kSourceOffset + 2 * sizeof(int64_t);
+static_assert(kDestOffset + 2 * sizeof(int64_t) <= kPushOffset, "flags, counter and offsets must fit their page");
 /// This rank's flag of a phase and thread block: "my part of call <value> is ready" (peers poll it).
 __host__ __device__ inline uint64_t* flagOf(char* base, int phase, int block) {
   return reinterpret_cast<uint64_t*>(base) + phase * kMaxBlocks + block;
@@ -117,6 +119,11 @@ constexpr int64_t kStagedSource = INT64_MIN;
 __host__ __device__ inline int64_t* sourceOf(char* base, uint64_t seq) {
   return reinterpret_cast<int64_t*>(base + kSourceOffset) + (seq & 1);
 }
+/// Where this rank's output of call seq lies (all_gather push), as sourceOf: peers store their
+/// blocks there, in place, or (kStagedSource) into its staging buffer.
+__host__ __device__ inline int64_t* destOf(char* base, uint64_t seq) {
+  return reinterpret_cast<int64_t*>(base + kDestOffset) + (seq & 1);
+}
 __host__ __device__ inline char* stagingOf(char* base, uint64_t capacity, uint64_t seq) {
   return base + kFlagBytes + (seq & 1) * capacity;
 }
@@ -135,6 +142,10 @@ __host__ __device__ inline char* llSlotOf(char* base, uint64_t capacity, uint64_
 // again (drain skips it). A kernel replayed from a CUDA graph after a death, or
 // launched in the watchdog's 20 ms before it noticed, still writes its sends
 // into every peer's area before it waits.
+
+/// Note [Block budget]: blocks per rank for `world` ranks on a GPU of which this process sees
+/// `sms` SMs, with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = mps_percentage (null: unset).
+int blockBudgetFor(int sms, int world, const char* mps_percentage);
 
 class PeerTransport {
  public:
@@ -165,9 +176,13 @@ class PeerTransport {
   int world() const { return world_; }
   uint64_t capacity() const { return capacity_; }
   uint64_t llCapacity() const { return ll_capacity_; }
-  /// Thread blocks one rank's kernel may use: the ranks' spinning kernels must all be resident
-  /// at once when they share a GPU, so together they take at most one block per SM.
+  /// Thread blocks one rank's kernel may use (Note [Block budget]): the ranks' spinning kernels
+  /// must all be resident at once when they share a GPU, so together they take at most one block
+  /// per SM.
   int blockBudget() const { return block_budget_; }
+  /// The same for a kernel whose launch bounds keep two blocks resident per SM (kThreads, 2): two
+  /// per SM of the budget, twice the loads in flight for the copy-bound kernels.
+  int doubleBudget() const { return std::min(kMaxBlocks, 2 * block_budget_); }
   const PeerTable& peers() const { return peers_; }
   /// Launch id of the next direct kernel launched from the host (from 1). A kernel replayed from
   /// a CUDA graph keeps the id it was captured with; sequence numbers come from the device.

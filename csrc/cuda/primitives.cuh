@@ -66,6 +66,7 @@ struct BlockArgs : CallArgs {
   uint64_t slot;              // distance between the blocks in a staging buffer (nbytes rounded up to 256)
   uint64_t stride;            // reduce_scatter read in place: distance between the input's blocks
   int64_t source;             // where peers read this rank's input: sourceOf() (kStagedSource: staged)
+  int64_t dest;               // all_gather push: where peers write this rank's output: destOf()
   bool write;                 // push: the kernel stores the data into the peers (false: NVSHMEM put it there)
 };
 

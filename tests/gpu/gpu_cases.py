@@ -730,8 +730,9 @@ def gpu_topology(rank, world, gloo):
 def _nvshmem_calls(rank, world, gloo, g, dtypes, ops, sizes, expect, what, in_place, large=()):
     """all_gather (tensor and list) and reduce_scatter (tensor; list for sum and max) of every (dtype, op,
     size) in group g, and of `large` sizes for float32, bfloat16 and int8 only, against the closed form and
-    across ranks; `expect` names the kernel each must run (None: any). in_place: even ranks pass inputs on
-    the symmetric heap (peers read them in place when pulling)."""
+    across ranks; `expect` names the kernel each must run (None: any). in_place: even ranks pass inputs, and
+    all_gather_into_tensor outputs, on the symmetric heap (peers read such inputs in place when pulling,
+    and store into such outputs in place when pushing)."""
     import tilecomm
 
     be = g._get_backend(torch.device("cuda"))
@@ -739,11 +740,12 @@ def _nvshmem_calls(rank, world, gloo, g, dtypes, ops, sizes, expect, what, in_pl
     cases = [(name, n) for name in dtypes for n in sizes]
     cases += [(name, n) for name in ("bfloat16", "float32", "int8") if name in dtypes for n in large]
     heap = tilecomm.symmetric_empty(most, dtype=torch.uint8, group=g) if in_place else None
+    heap_out = tilecomm.symmetric_empty(most, dtype=torch.uint8, group=g) if in_place else None
 
-    def source(x):
-        if heap is None or rank % 2:
+    def source(x, area=heap):
+        if area is None or rank % 2:
             return x
-        t = heap[: x.numel() * x.element_size()].view(x.dtype)
+        t = area[: x.numel() * x.element_size()].view(x.dtype)
         t.copy_(x)
         return t
 
@@ -758,7 +760,7 @@ def _nvshmem_calls(rank, world, gloo, g, dtypes, ops, sizes, expect, what, in_pl
         tag = f"{what} all_gather {name} n={n}"
         x = source(data(rank, n, dt).to(dev()))
         want = torch.cat([data(r, n, dt) for r in range(world)])
-        out = torch.full((world * n,), 1, dtype=dt, device=dev())
+        out = source(torch.full((world * n,), 1, dtype=dt, device=dev()), heap_out)
         dist.all_gather_into_tensor(out, x, group=g)
         check_equal(out, want, tag)
         identical(gloo, out, tag)
