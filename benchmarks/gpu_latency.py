@@ -15,7 +15,10 @@ by the ranks:
   LL limit it is staged, which cannot be captured). Each record names, per
   entry, the kernel that ran (`kernels`) and the peer memory (`memory`), which
   `python -m tilecomm.tune --cuda-from` fits the CUDA model to;
-- SymmetricMemory `one_shot_all_reduce` (TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES=1).
+- SymmetricMemory `one_shot_all_reduce` (TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES=1);
+- with --fcollect, NVSHMEM's own all_gather (`nvshmemx_fcollectmem_on_stream` on symmetric tensors, as
+  `all_gather:fcollect`); the ranks then set CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = 100 / ranks, which
+  NVSHMEM needs on a shared GPU.
 
 Each path twice: "eager", a loop of back-to-back calls between two CUDA events
 (the host's cost per call included, as an application sees it), and "graph",
@@ -99,7 +102,10 @@ def _try(fn):
 
 def _rank(rank, world, args):
     os.environ["TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"] = "1"
+    if args.fcollect:
+        os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(100 // world)  # before the GPU is touched
     import tilecomm  # noqa: F401  (registers the backend)
+    from tilecomm import nvshmem
 
     torch.cuda.set_device(rank % torch.cuda.device_count())
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -116,6 +122,10 @@ def _rank(rank, world, args):
             os.environ.pop(k)
 
     symm = symmetric_memory(gloo, rank)
+    top = max(1, max(grid) // 4)
+    # NVSHMEM's fcollect works on symmetric tensors: made once, of the largest size.
+    f32 = torch.float32
+    sym = (nvshmem.symmetric_empty(top, dtype=f32), nvshmem.symmetric_empty(world * top, dtype=f32)) if args.fcollect else None
 
     def barrier():
         dist.barrier(group=gloo)
@@ -159,6 +169,10 @@ def _rank(rank, world, args):
                 del buf
             except Exception as e:  # noqa: BLE001
                 row["all_reduce:symm_one_shot:eager"] = f"failed: {str(e).splitlines()[0][:80]}"
+        if sym is not None:
+            fc = lambda: nvshmem.fcollect(sym[1][: world * n], sym[0][:n])  # noqa: E731
+            row["all_gather:fcollect:eager"] = _try(lambda: _eager(fc, calls, reps, barrier))
+            row["all_gather:fcollect:graph"] = _try(lambda: _graph(fc, calls, reps, barrier))
         del x, gout
         # The slowest rank's time per entry (failures stay as text).
         keys = sorted(k for k, v in row.items() if isinstance(v, float))
@@ -194,6 +208,7 @@ def main():
     ap.add_argument("--reps", type=int, default=5, help="timed loops per entry (median)")
     ap.add_argument("--groups", default="", help="entries to run, comma-separated (default: " + ",".join(GROUPS) + ")")
     ap.add_argument("--eager", default="", help="entries also timed eagerly, comma-separated (default: all)")
+    ap.add_argument("--fcollect", action="store_true", help="also NVSHMEM's fcollect (all_gather)")
     ap.add_argument("--jsonl", default="")
     args = ap.parse_args()
     if not torch.cuda.is_available():

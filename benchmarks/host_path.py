@@ -1,0 +1,105 @@
+"""Where an eager CUDA collective spends its host time: per-call host cost and a profile of one call.
+
+    python benchmarks/host_path.py --worlds 2,4 --bytes 1024 -n 200
+
+Needs a CUDA build of tilecomm (with NVSHMEM for the fcollect row) and, with several ranks on one GPU, the
+MPS daemon (`scripts/gpu-run benchmarks/host_path.py ...` starts it). For float32 all_gather_into_tensor and all_reduce of
+--bytes per rank (tilecomm, auto selection) and NVSHMEM's fcollect, it measures on every rank:
+
+- ``host_us``: wall time of -n back-to-back calls on the host divided by -n (the GPU work is a few
+  microseconds per call, so the host is the bottleneck and this is its cost per call);
+- ``event_us``: the timing of the comparison scripts (gpu_compare.py: a barrier, then one call between
+  CUDA events), median over -n calls;
+
+and, on rank 0, torch.profiler's table of 50 calls (CPU time per operator and per CUDA runtime call:
+how many event records, stream waits and launches one collective makes).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_compare import _timed, run_worlds  # noqa: E402
+from tilecomm.bench import parse_size  # noqa: E402
+
+
+def _host_cost(fn, iters):
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    host = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return host / iters
+
+
+def _rank(rank, world, args):
+    os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(100 // world)  # before the GPU is touched (NVSHMEM)
+    import tilecomm  # noqa: F401  (registers the backend)
+    from tilecomm import nvshmem
+
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    dev = torch.device("cuda", torch.cuda.current_device())
+    dist.init_process_group("tilecomm", rank=rank, world_size=world)
+    gloo = dist.new_group(backend="gloo")
+    n = max(1, args.bytes // 4)
+    x, out, y = torch.ones(n, device=dev), torch.empty(world * n, device=dev), torch.ones(n, device=dev)
+    calls = {
+        "all_gather": lambda: dist.all_gather_into_tensor(out, x),
+        "all_reduce": lambda: dist.all_reduce(y),
+        "add_": lambda: y.add_(0.0),  # one plain kernel launch, for scale
+    }
+    try:
+        sx = nvshmem.symmetric_empty(n, dtype=torch.float32)
+        so = nvshmem.symmetric_empty(world * n, dtype=torch.float32)
+        calls["fcollect"] = lambda: nvshmem.fcollect(so, sx)
+    except ValueError as e:
+        if rank == 0:
+            print(f"# no fcollect row: {e}")
+    row = {}
+    for name, fn in calls.items():
+        host = _host_cost(fn, args.iters)
+        event = _timed(fn, args.iters, lambda: dist.barrier(group=gloo))
+        t = torch.tensor([host, event], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=gloo)
+        row[name] = t.tolist()
+    be = dist.group.WORLD._get_backend(dev)
+    if rank == 0:
+        print(f"world={world} bytes={args.bytes} last kernel={be.cuda_last_kernel()}")
+        for name, (host, event) in row.items():
+            print(f"  {name:<12} host_us={host * 1e6:7.1f}  event_us={event * 1e6:7.1f}")
+    for name in ("all_gather", "all_reduce"):
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(50):
+                calls[name]()
+            torch.cuda.synchronize()
+        if rank == 0:
+            print(f"# world {world}, {name}: torch.profiler over 50 calls (times in total; divide by 50)")
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows))
+    dist.barrier(group=gloo)
+    dist.destroy_process_group()
+
+
+def main():
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--worlds", default="2,4")
+    ap.add_argument("--bytes", type=parse_size, default=1024)
+    ap.add_argument("-n", "--iters", type=int, default=200)
+    ap.add_argument("--rows", type=int, default=25)
+    run_worlds(_rank, ap.parse_args(), "host_path")
+
+
+if __name__ == "__main__":
+    main()
