@@ -10,6 +10,11 @@ float32 sum all_reduce through:
   group each; the cuda_ipc buffers are sized for the largest message; the
   forced paths with TILECOMM_PROTO=simple, auto with the LL kernel below
   TILECOMM_LL_BYTES);
+- with --nvshmem, tilecomm with TILECOMM_CUDA_ALLREDUCE=nvshmem_two_shot on an ordinary tensor
+  (`nvshmem_two_shot`: staged through its buffers) and on one made with tilecomm.symmetric_empty
+  (`nvshmem_in_place`); the ranks then set CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = 100 / ranks, which
+  NVSHMEM needs on a shared GPU (and which limits every process, SymmetricMemory's too, to its share
+  of the SMs);
 - SymmetricMemory `one_shot_all_reduce` and `two_shot_all_reduce_`
   (TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES=1 lets ranks share the GPU);
 - a device-to-device copy of the same size, for the HBM bound.
@@ -115,16 +120,19 @@ def symmetric_memory(gloo, rank):
 
 def _rank(rank, world, args):
     os.environ["TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"] = "1"
-    import tilecomm  # noqa: F401  (registers the backend)
+    grid = list(sizes(args.minbytes, args.maxbytes, args.stepfactor))
+    if args.nvshmem:  # before the GPU is touched
+        os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(100 // world)
+        os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", str(max(grid) + (1 << 30)))
+    import tilecomm  # (registers the backend)
 
     torch.cuda.set_device(rank % torch.cuda.device_count())
     dev = torch.device("cuda", torch.cuda.current_device())
-    grid = list(sizes(args.minbytes, args.maxbytes, args.stepfactor))
     os.environ["TILECOMM_CUDA_IPC_BYTES"] = str(max(grid))
     dist.init_process_group("tilecomm", rank=rank, world_size=world)
     gloo = dist.new_group(backend="gloo")
     groups = {}
-    for path in PATHS:
+    for path in PATHS + (["nvshmem_two_shot"] if args.nvshmem else []):
         os.environ["TILECOMM_CUDA_ALLREDUCE"] = path  # rank 0's value is read at group creation
         os.environ["TILECOMM_PROTO"] = "auto" if path == "auto" else "simple"  # forced paths: no LL
         groups[f"tilecomm:{path}"] = dist.new_group(backend="tilecomm")
@@ -132,6 +140,8 @@ def _rank(rank, world, args):
     os.environ.pop("TILECOMM_PROTO")
 
     symm = symmetric_memory(gloo, rank)
+    nvs = groups.get("tilecomm:nvshmem_two_shot")
+    heap = tilecomm.symmetric_empty(max(grid) // 4, dtype=torch.float32, group=nvs) if nvs else None
 
     def barrier():
         dist.barrier(group=gloo)
@@ -142,9 +152,12 @@ def _rank(rank, world, args):
         iters = args.iters if nbytes <= (16 << 20) else max(3, args.iters // 4)
         row = {}
         x = torch.zeros(n, device=dev)  # sums stay finite however often they run
-        for name, g in groups.items():
+        runs = [(name, g, x) for name, g in groups.items()]
+        if heap is not None:
+            runs.append(("tilecomm:nvshmem_in_place", nvs, heap[:n].zero_()))
+        for name, g, t in runs:
             try:
-                row[name] = _timed(lambda: dist.all_reduce(x, group=g), iters, barrier)
+                row[name] = _timed(lambda: dist.all_reduce(t, group=g), iters, barrier)
             except Exception as e:  # noqa: BLE001
                 row[name] = f"failed: {str(e).splitlines()[0][:60]}"
         if symm is not None:
@@ -176,7 +189,9 @@ def _rank(rank, world, args):
 
 
 def main():
-    run_worlds(_rank, parser(__doc__).parse_args(), "gpu_compare")
+    ap = parser(__doc__)
+    ap.add_argument("--nvshmem", action="store_true", help="also the NVSHMEM two-shot all_reduce")
+    run_worlds(_rank, ap.parse_args(), "gpu_compare")
 
 
 if __name__ == "__main__":

@@ -137,7 +137,8 @@ uint64_t CudaGroup::llLimit() const {
 }
 
 bool CudaGroup::directEligible(uint64_t nbytes, DType dtype, RedOp op) const {
-  if (settings_.allreduce == "staged" || nbytes == 0 || world_ > cuda::kMaxRanks || !cuda::directSupports(dtype, op))
+  if (settings_.allreduce == "staged" || settings_.allreduce == "nvshmem_two_shot" || nbytes == 0 ||
+      world_ > cuda::kMaxRanks || !cuda::directSupports(dtype, op))
     return false;
   // No peer transport without staging buffers; larger messages run in buffer-sized pieces.
   return settings_.ipc_bytes > 0;
@@ -173,6 +174,13 @@ std::optional<cuda::BlockAlgo> CudaGroup::reduceScatterBlocks(uint64_t nbytes, D
   if (forced) return forced;
   if (settings_.nvshmem_lib.empty()) return std::nullopt;
   return nbytes >= settings_.reducescatter_pull_bytes ? BlockAlgo::kReduceScatterPull : BlockAlgo::kReduceScatterPush;
+}
+
+std::optional<cuda::BlockAlgo> CudaGroup::allReduceBlocks(uint64_t nbytes, DType dtype, RedOp op) const {
+  if (settings_.allreduce != "nvshmem_two_shot" || nbytes == 0 || world_ > cuda::kMaxRanks ||
+      !cuda::directSupports(dtype, op))
+    return std::nullopt;
+  return cuda::BlockAlgo::kAllReduceTwoShot;
 }
 
 std::string CudaGroup::lastKernel() const {  // "" after a staged operation
@@ -354,11 +362,16 @@ std::optional<cuda::BlockAlgo> CudaGroup::nvshmemReady(const CudaOp& op, cuda::B
     throw Error(ErrorKind::kInvalid, name + " cannot be captured in a CUDA graph (its calls are counted on the host)");
   if (nvs_state_ == Ipc::kUnset) nvs_state_ = setUpNvshmem() ? Ipc::kOn : Ipc::kOff;
   const bool gather = algo == BlockAlgo::kAllGatherPush || algo == BlockAlgo::kAllGatherPull;
-  const bool forced = !(gather ? settings_.allgather : settings_.reducescatter).empty();
+  const bool all = algo == BlockAlgo::kAllReduceTwoShot;  // only ever forced (allReduceBlocks)
+  const bool forced = all || !(gather ? settings_.allgather : settings_.reducescatter).empty();
   const bool pull = algo == BlockAlgo::kAllGatherPull || algo == BlockAlgo::kReduceScatterPull;
   std::string why;
   if (nvs_state_ != Ipc::kOn) {
     why = "NVSHMEM is not available: " + nvs_why_;
+  } else if (all && !nvs_direct_) {
+    why = "it reads and writes peers' memory, which needs peer addresses (nvshmem_ptr) of every rank's memory, "
+          "and this group moves data with put-with-signal (TILECOMM_NVSHMEM_DATA, or a rank without peer "
+          "addresses)";
   } else if (pull && !nvs_direct_) {
     // Pull reads peers' memory, which only peer addresses can do; unforced, push replaces it.
     if (!forced) algo = gather ? BlockAlgo::kAllGatherPush : BlockAlgo::kReduceScatterPush;
@@ -366,7 +379,9 @@ std::optional<cuda::BlockAlgo> CudaGroup::nvshmemReady(const CudaOp& op, cuda::B
                "put-with-signal (TILECOMM_NVSHMEM_DATA, or a rank without peer addresses)";
   }
   if (!why.empty()) {
-    if (forced) throw Error(ErrorKind::kInvalid, "TILECOMM_ALGO forces " + name + ", but " + why);
+    if (forced)
+      throw Error(ErrorKind::kInvalid,
+                  std::string(all ? "TILECOMM_CUDA_ALLREDUCE" : "TILECOMM_ALGO") + " forces " + name + ", but " + why);
     return std::nullopt;
   }
   const std::string dead = nvs_->deathNote();  // Note [GPU watchdog]

@@ -51,7 +51,7 @@ namespace tilecomm::backend {
 
 /// The group's CUDA settings (rank 0's values, like every setting).
 struct CudaSettings {
-  std::string allreduce = "auto";  // auto | one_shot | two_shot | staged
+  std::string allreduce = "auto";  // auto | one_shot | two_shot | staged | nvshmem_two_shot
   uint64_t ipc_bytes = 4u << 20;   // largest all_reduce run by a direct kernel (per staging buffer)
   int64_t timeout_ms = 30 * 60 * 1000;   // the group's timeout
   std::string proto = "auto";            // auto | ll | simple
@@ -122,11 +122,14 @@ class CudaGroup {
   std::optional<cuda::BlockAlgo> allGatherBlocks(uint64_t nbytes) const;
   /// At issue: the NVSHMEM algorithm a reduce_scatter of nbytes per rank runs, if any.
   std::optional<cuda::BlockAlgo> reduceScatterBlocks(uint64_t nbytes, DType dtype, RedOp op) const;
+  /// At issue: the NVSHMEM algorithm an all_reduce runs, if any: only where
+  /// TILECOMM_CUDA_ALLREDUCE=nvshmem_two_shot forces it.
+  std::optional<cuda::BlockAlgo> allReduceBlocks(uint64_t nbytes, DType dtype, RedOp op) const;
   /// In a task: the NVSHMEM algorithm to run for `algo` (the same answer on every rank), or nullopt
   /// (the call is staged) where the NVSHMEM transport is not up; the first call sets it up with
   /// every rank (Note [NVSHMEM lifetime] in cuda/nvshmem.h). Unforced pull becomes push where the
-  /// group moves data with put-with-signal; a forced algorithm (TILECOMM_ALGO) that cannot run
-  /// throws Error(kInvalid) saying why.
+  /// group moves data with put-with-signal; a forced algorithm (TILECOMM_ALGO, or
+  /// TILECOMM_CUDA_ALLREDUCE=nvshmem_two_shot) that cannot run throws Error(kInvalid) saying why.
   std::optional<cuda::BlockAlgo> nvshmemReady(const CudaOp& op, cuda::BlockAlgo algo);
   /// In a task, inside CudaOp::run, after nvshmemReady: enqueues `call` as `algo`.
   void blocksDirect(CudaOp& op, cuda::BlockAlgo algo, const cuda::BlockCall& call, int64_t timeout_ms);

@@ -346,7 +346,23 @@ void finishAverage(at::Tensor& t, const c10d::ReduceOp& op, int size) {
 ProcessGroupTilecomm::Direct ProcessGroupTilecomm::directAllReduce(const at::Tensor& t, DType dtype,
                                                                  const c10d::ReduceOp& op, int64_t timeout_ms) {
 #ifdef TILECOMM_WITH_CUDA
-  if (!cuda_ || !cuda_->directEligible(t.nbytes(), dtype, engineOp(op))) return nullptr;
+  if (!cuda_ || !t.is_cuda()) return nullptr;
+  if (auto algo = cuda_->allReduceBlocks(t.nbytes(), dtype, engineOp(op))) {
+    return [this, t = at::Tensor(t), dtype, op, algo = *algo, timeout_ms](CudaOp& cop) mutable {
+      auto run = cuda_->nvshmemReady(cop, algo);  // the same answer on every rank
+      if (!run) return false;
+      premultiply(t, op);  // torch ops, on the internal stream (the current one here)
+      cuda::BlockCall call;
+      call.in[0] = call.out[0] = t.data_ptr();
+      call.nbytes = t.nbytes();
+      call.dtype = dtype;
+      call.op = engineOp(op);
+      cuda_->blocksDirect(cop, *run, call, timeout_ms);
+      finishAverage(t, op, size_);
+      return true;
+    };
+  }
+  if (!cuda_->directEligible(t.nbytes(), dtype, engineOp(op))) return nullptr;
   return [this, t = at::Tensor(t), dtype, op, timeout_ms](CudaOp& cop) mutable {
     if (!cuda_->directReady(cop)) return false;  // the same answer on every rank
     premultiply(t, op);  // torch ops, on the internal stream (the current one here)
@@ -569,7 +585,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::_allgather_base(at::Tensor&
   // The kernels' view of the output: one block per rank. NOTE: addresses, not narrowed views:
   // the views would cost a few microseconds each per call, and the Work keeps `out` alive.
   std::vector<void*> blocks;
-  for (int r = 0; in.is_cuda() && r < size_; ++r) blocks.push_back(static_cast<char*>(out.data_ptr()) + r * in.nbytes());
+  for (int r = 0; in.is_cuda() && r < size_; ++r)
+    blocks.push_back(static_cast<char*>(out.data_ptr()) + r * in.nbytes());
   Direct direct = directAllGather(in, std::move(blocks), timeout);
   return launch(c10d::OpType::_ALLGATHER_BASE, opts.asyncOp, {out}, {in}, {out}, [=](const Host& h) {
     at::Tensor flat = h(out).view({-1});

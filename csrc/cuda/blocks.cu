@@ -15,17 +15,21 @@ const char* blockAlgoName(BlockAlgo a) {
     case BlockAlgo::kAllGatherPush: return "allgather_nvshmem_push";
     case BlockAlgo::kAllGatherPull: return "allgather_nvshmem_pull";
     case BlockAlgo::kReduceScatterPush: return "reducescatter_nvshmem_push";
-    default: return "reducescatter_nvshmem_pull";
+    case BlockAlgo::kReduceScatterPull: return "reducescatter_nvshmem_pull";
+    case BlockAlgo::kAllReduceTwoShot: return "allreduce_nvshmem_two_shot";
   }
+  return "?";
 }
 
 uint64_t runBlocks(BlockAlgo algo, PeerTransport& t, const BlockCall& call, bool put_signal, cudaStream_t stream,
                    uint64_t timeout_ns, bool* in_place) {
   const bool gather = algo == BlockAlgo::kAllGatherPush || algo == BlockAlgo::kAllGatherPull;
   const bool push = algo == BlockAlgo::kAllGatherPush || algo == BlockAlgo::kReduceScatterPush;
+  const bool all = algo == BlockAlgo::kAllReduceTwoShot;
   const int p = t.world(), me = t.rank();
-  // A piece's blocks, one slot per rank, fill at most one staging buffer.
-  const uint64_t piece = t.capacity() / p / 256 * 256;
+  // A piece's blocks, one slot per rank, fill at most one staging buffer (all_reduce: a piece of
+  // the tensor, p parts of a slot each).
+  const uint64_t piece = t.capacity() / p / 256 * 256 * (all ? p : 1);
   if (t.memory() != PeerMemory::kNvshmem || piece == 0 || call.nbytes == 0)
     throw Error(ErrorKind::kInvalid, std::string(blockAlgoName(algo)) + " called outside its limits");
   if (put_signal ? !push : !t.allDirect())
@@ -33,9 +37,10 @@ uint64_t runBlocks(BlockAlgo algo, PeerTransport& t, const BlockCall& call, bool
                                          (put_signal ? " cannot use put-with-signal (only push algorithms can)"
                                                      : " needs a peer address of every rank's area (nvshmem_ptr)"));
   char* own = t.peers().base[me];
-  // Peers read a pull rank's input in place when all of it lies on the symmetric heap.
-  const uint64_t in_bytes = gather ? call.nbytes : p * call.nbytes;
-  const bool read_in_place = !push && (gather || call.in_contiguous) && nvshmem::onHeap(call.in[0], in_bytes);
+  // Peers read a pull rank's input in place when all of it lies on the symmetric heap (all_reduce:
+  // and write it in place too).
+  const uint64_t in_bytes = gather || all ? call.nbytes : p * call.nbytes;
+  const bool read_in_place = !push && (gather || all || call.in_contiguous) && nvshmem::onHeap(call.in[0], in_bytes);
   // Peers write an all_gather push rank's output in place when it is one range on the heap.
   bool write_in_place = gather && push && !put_signal && nvshmem::onHeap(call.out[0], p * call.nbytes);
   for (int q = 1; write_in_place && q < p; ++q)
@@ -45,7 +50,8 @@ uint64_t runBlocks(BlockAlgo algo, PeerTransport& t, const BlockCall& call, bool
   uint64_t launch = 0;
   for (uint64_t off = 0; off < call.nbytes; off += piece) {
     const uint64_t n = std::min(piece, call.nbytes - off);
-    beginCall(a, t, timeout_ns, gather ? KernelKind::kAllGather : KernelKind::kReduceScatter);
+    beginCall(a, t, timeout_ns,
+              gather ? KernelKind::kAllGather : all ? KernelKind::kAllReduce : KernelKind::kReduceScatter);
     for (int q = 0; q < p; ++q) {
       a.in[q] = call.in[q] ? static_cast<const char*>(call.in[q]) + off : nullptr;
       a.out[q] = call.out[q] ? static_cast<char*>(call.out[q]) + off : nullptr;
@@ -53,14 +59,16 @@ uint64_t runBlocks(BlockAlgo algo, PeerTransport& t, const BlockCall& call, bool
     a.nbytes = n;
     a.slot = (n + 255) / 256 * 256;
     a.stride = call.nbytes;
+    if (all) a.slot = a.stride = ((n + p - 1) / p + 15) / 16 * 16;  // a part: at most a slot of the buffer
     a.source = read_in_place ? a.in[0] - own : kStagedSource;
     a.dest = write_in_place ? a.out[0] - own : kStagedSource;
     a.write = !put_signal;
     // NOTE: the grid depends on n only, so every rank's block b covers the same vectors and
     // raises and waits on the same flags; doubleBudget() keeps all ranks' kernels resident.
     const uint64_t per_block = 4 * kUnroll * kThreads;
+    const uint64_t span = all ? a.stride : n;  // bytes of one block range (all_reduce: of each part)
     const int blocks = static_cast<int>(
-        std::clamp<uint64_t>((n + 16 * per_block - 1) / (16 * per_block), 1, t.doubleBudget()));
+        std::clamp<uint64_t>((span + 16 * per_block - 1) / (16 * per_block), 1, t.doubleBudget()));
     const uint64_t s = t.nextCall();  // the kernel's own sequence number (Note [Device sequence])
     if (put_signal) {  // Note [Push flags]: NVSHMEM writes the data and then the flag of thread block 0
       char* slot = stagingOf(own, t.capacity(), s) + me * a.slot;  // symmetric: the same slot on every PE
@@ -75,6 +83,7 @@ uint64_t runBlocks(BlockAlgo algo, PeerTransport& t, const BlockCall& call, bool
       case BlockAlgo::kAllGatherPull: launchAllGatherPull(a, blocks, stream); break;
       case BlockAlgo::kReduceScatterPush: launchReduceScatterPush(a, blocks, call.dtype, call.op, stream); break;
       case BlockAlgo::kReduceScatterPull: launchReduceScatterPull(a, blocks, call.dtype, call.op, stream); break;
+      case BlockAlgo::kAllReduceTwoShot: launchAllReduceNvshmemTwoShot(a, blocks, call.dtype, call.op, stream); break;
     }
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)

@@ -1,10 +1,11 @@
-// Direct all_gather and reduce_scatter over the NVSHMEM peer transport
-// (PeerMemory::kNvshmem): one kernel file per algorithm
+// Direct all_gather, reduce_scatter and all_reduce over the NVSHMEM peer
+// transport (PeerMemory::kNvshmem): one kernel file per algorithm
 // (allgather_nvshmem_push.cu, allgather_nvshmem_pull.cu,
-// reducescatter_nvshmem_push.cu, reducescatter_nvshmem_pull.cu) and this host
-// side (blocks.cu), which cuts a call into pieces that fit the staging buffers.
+// reducescatter_nvshmem_push.cu, reducescatter_nvshmem_pull.cu,
+// allreduce_nvshmem_two_shot.cu) and this host side (blocks.cu), which cuts a
+// call into pieces that fit the staging buffers.
 //
-// Both collectives move one block of nbytes per pair of ranks:
+// all_gather and reduce_scatter move one block of nbytes per pair of ranks:
 // - push: rank r stores its block for q into slot r of q's staging buffer and
 //   raises its push flag there (Note [Push flags]); q waits on its own memory,
 //   then copies (all_gather) or reduces in rank order (reduce_scatter) the slots.
@@ -16,6 +17,9 @@
 //   peers read it in place: sourceOf()) and announces it; each q reads what it
 //   needs from every peer, starting at a different peer, then says it is done
 //   (phase 1); a rank read in place waits for that before its kernel ends.
+// - all_reduce two-shot: a reduce_scatter pull whose result each rank stores
+//   back into every rank's copy (in place on the heap, or staged), so that one
+//   tensor on the heap on every rank moves only what the reduction must.
 // Every kernel takes its sequence number from the device counter (Note
 // [Device sequence]); the host counts calls too (put_signal needs the value).
 #pragma once
@@ -29,19 +33,26 @@
 
 namespace tilecomm::cuda {
 
-enum class BlockAlgo : uint8_t { kAllGatherPush, kAllGatherPull, kReduceScatterPush, kReduceScatterPull };
+enum class BlockAlgo : uint8_t {
+  kAllGatherPush,
+  kAllGatherPull,
+  kReduceScatterPush,
+  kReduceScatterPull,
+  kAllReduceTwoShot,
+};
 
 /// "allgather_nvshmem_push", ...
 const char* blockAlgoName(BlockAlgo a);
 
 /// One call: all_gather reads in[0] and writes out[q] (rank q's block); reduce_scatter reads
-/// in[q] (its block for rank q) and writes out[0]. Every pointer is device memory of t's device.
+/// in[q] (its block for rank q) and writes out[0]; all_reduce reads and writes in[0] == out[0]
+/// (nbytes: the whole tensor). Every pointer is device memory of t's device.
 struct BlockCall {
   const void* in[kMaxRanks] = {};
   void* out[kMaxRanks] = {};
   uint64_t nbytes = 0;       // bytes per block, > 0
-  DType dtype = DType::kBytes;  // reduce_scatter
-  RedOp op = RedOp::kNone;      // reduce_scatter
+  DType dtype = DType::kBytes;  // reduce_scatter, all_reduce
+  RedOp op = RedOp::kNone;      // reduce_scatter, all_reduce
   bool in_contiguous = false;   // reduce_scatter: in[q] = in[0] + q * nbytes
 };
 
@@ -49,7 +60,8 @@ struct BlockCall {
 /// staging buffer's worth. put_signal (push only) moves the data with NVSHMEM's put-with-signal
 /// instead of the kernels' stores (needed for peers without a peer address). Returns the last
 /// kernel's launch id; *in_place says whether peers read this rank's input or write its output
-/// in place (all_gather push into an output that is one range on the symmetric heap).
+/// in place (all_gather push into an output that is one range on the symmetric heap; all_reduce
+/// of a tensor on the heap).
 uint64_t runBlocks(BlockAlgo algo, PeerTransport& t, const BlockCall& call, bool put_signal, cudaStream_t stream,
                    uint64_t timeout_ns, bool* in_place);
 

@@ -14,7 +14,8 @@ namespace tilecomm::cuda {
 // the same thread block, so the release that published the announcement also
 // published the word. Ranks of one call may differ (one in place, one staged).
 // all_gather push publishes its output the same way (destOf): peers store into
-// it in place when it lies on the heap, into its staging buffer otherwise. A
+// it in place when it lies on the heap, into its staging buffer otherwise; the
+// all_reduce two-shot stores its results through the source word too. A
 // word of parity s & 1 is rewritten only by call s + 2, which starts after
 // every peer's call s has read it (call s ends after every peer's block wrote).
 
@@ -65,5 +66,6 @@ void launchAllGatherPush(const BlockArgs& a, int blocks, cudaStream_t s);
 void launchAllGatherPull(const BlockArgs& a, int blocks, cudaStream_t s);
 void launchReduceScatterPush(const BlockArgs& a, int blocks, DType dtype, RedOp op, cudaStream_t s);
 void launchReduceScatterPull(const BlockArgs& a, int blocks, DType dtype, RedOp op, cudaStream_t s);
+void launchAllReduceNvshmemTwoShot(const BlockArgs& a, int blocks, DType dtype, RedOp op, cudaStream_t s);
 
 }  // namespace tilecomm::cuda

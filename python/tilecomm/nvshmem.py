@@ -47,8 +47,9 @@ def offered(cfg: dict, one_domain: bool, built: bool) -> tuple[str, str]:
 
 def symmetric_empty(*size, dtype=None, device=None, group=None):
     """An uninitialised CUDA tensor on NVSHMEM's symmetric heap, which the NVSHMEM algorithms use in
-    place instead of staging it: pull kernels read such an input where it lies, and all_gather push
-    stores into such an output (all_gather_into_tensor, or a list of consecutive blocks of one).
+    place instead of staging it: pull kernels read such an input where it lies, all_gather push
+    stores into such an output (all_gather_into_tensor, or a list of consecutive blocks of one), and
+    the all_reduce two-shot (TILECOMM_CUDA_ALLREDUCE=nvshmem_two_shot) reads and writes such a tensor.
 
     Collective: every rank of ``group`` (default: the world group; a tilecomm group with CUDA) calls it
     with the same size, in the same order relative to the group's operations. The memory is never

@@ -730,9 +730,10 @@ def gpu_topology(rank, world, gloo):
 def _nvshmem_calls(rank, world, gloo, g, dtypes, ops, sizes, expect, what, in_place, large=()):
     """all_gather (tensor and list) and reduce_scatter (tensor; list for sum and max) of every (dtype, op,
     size) in group g, and of `large` sizes for float32, bfloat16 and int8 only, against the closed form and
-    across ranks; `expect` names the kernel each must run (None: any). in_place: even ranks pass inputs, and
-    all_gather_into_tensor outputs, on the symmetric heap (peers read such inputs in place when pulling,
-    and store into such outputs in place when pushing)."""
+    across ranks, and all_reduce too where `expect` names its kernel; `expect` names the kernel each must
+    run (None: any). in_place: even ranks pass inputs, all_gather_into_tensor outputs and all_reduce
+    tensors on the symmetric heap (peers read such inputs in place when pulling, store into such outputs
+    in place when pushing, and do both on such all_reduce tensors)."""
     import tilecomm
 
     be = g._get_backend(torch.device("cuda"))
@@ -791,6 +792,17 @@ def _nvshmem_calls(rank, world, gloo, g, dtypes, ops, sizes, expect, what, in_pl
             dist.reduce_scatter(o2, [b.to(dev()) for b in blocks], op=reduce_op(op), group=g)
             check_equal(o2, want, tag + " (list)")
             calls += 1
+        for op in ops if expect and "all_reduce" in expect else ():
+            if not applicable(op, dt):
+                continue
+            tag = f"{what} all_reduce {name} {op} n={n}"
+            y = source(data(rank, n, dt, op, salt=1).to(dev()))
+            dist.all_reduce(y, op=reduce_op(op), group=g)
+            check_equal(y, closed_form(world, n, dt, op, salt=1), tag)
+            identical(gloo, y, tag)
+            if not dt.is_complex:
+                ran("all_reduce", tag)
+            calls += 1
     torch.cuda.synchronize()
     return calls, be.cuda_status()
 
@@ -799,8 +811,8 @@ def spawn_nvshmem(rank, world, port, configs, dtypes, ops, sizes, large=()):
     """Every config ({name: [TILECOMM_* environment, {collective: kernel expected or None}, in_place, a
     narrower {"dtypes", "ops"} or {}]}) in a new tilecomm group of the same processes (NVSHMEM is
     initialised once, by the first). A config whose
-    kernel is "error: <text>" must raise a ValueError containing the text at its first CUDA all_gather,
-    and leave the group usable for CPU tensors."""
+    kernel is "error: <text>" must raise a ValueError containing the text at its first CUDA all_gather (or
+    all_reduce, as its key says), and leave the group usable for CPU tensors."""
     from datetime import timedelta
 
     import tilecomm  # noqa: F401
@@ -817,11 +829,14 @@ def spawn_nvshmem(rank, world, port, configs, dtypes, ops, sizes, large=()):
             del os.environ[k]
         os.environ.update(env)
         g = dist.new_group(backend="tilecomm", timeout=timeout)
-        err = (expect or {}).get("all_gather", "") or ""
-        if err.startswith("error: "):
+        kind, err = next(((k, v) for k, v in (expect or {}).items() if str(v).startswith("error: ")), (None, ""))
+        if kind:
             x = torch.ones(8, device=dev())
             try:
-                dist.all_gather_into_tensor(torch.empty(8 * world, device=dev()), x, group=g)
+                if kind == "all_gather":
+                    dist.all_gather_into_tensor(torch.empty(8 * world, device=dev()), x, group=g)
+                else:
+                    dist.all_reduce(x, group=g)
                 check(False, f"{name}: no error")
             except ValueError as e:
                 check(err[7:] in str(e), f"{name}: {e}")

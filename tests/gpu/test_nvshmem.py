@@ -24,6 +24,7 @@ pytestmark = pytest.mark.skipif(WHY is not None, reason=WHY or "")
 WORLDS = [int(w) for w in os.environ.get("TILECOMM_TEST_GPU_WORLDS", "2,4").split(",") if w and int(w) <= 4]
 PUSH = {"all_gather": "allgather_nvshmem_push", "reduce_scatter": "reducescatter_nvshmem_push"}
 PULL = {"all_gather": "allgather_nvshmem_pull", "reduce_scatter": "reducescatter_nvshmem_pull"}
+ALL_REDUCE = "allreduce_nvshmem_two_shot"
 DTYPES = ["float16", "bfloat16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64", "bool",
           "complex64"]
 OPS = ["sum", "avg", "product", "min", "max", "premul_sum", "band", "bor", "bxor"]
@@ -47,6 +48,12 @@ CONFIGS = {
     "auto": ({}, None, True, SOME),
     "forced_but_off": ({"TILECOMM_ALGO": "all_gather:nvshmem_push", "TILECOMM_NVSHMEM": "off"},
                        {"all_gather": "error: TILECOMM_NVSHMEM=off"}, False, {}),
+    # all_reduce forced onto the NVSHMEM two-shot: even ranks' tensors in place, odd ranks' staged
+    "all_reduce": ({"TILECOMM_CUDA_ALLREDUCE": "nvshmem_two_shot"}, {"all_reduce": ALL_REDUCE}, True, {}),
+    "all_reduce_pieces": ({"TILECOMM_CUDA_ALLREDUCE": "nvshmem_two_shot", "TILECOMM_NVSHMEM_BYTES": "65536"},
+                          {"all_reduce": ALL_REDUCE}, True, SOME),
+    "all_reduce_but_off": ({"TILECOMM_CUDA_ALLREDUCE": "nvshmem_two_shot", "TILECOMM_NVSHMEM": "off"},
+                           {"all_reduce": "error: TILECOMM_NVSHMEM=off"}, False, {}),
 }
 
 
@@ -60,12 +67,12 @@ def test_nvshmem_collectives(world, config):
     assert all(status == "ok" for status, _ in out), out
     for rank, (_, report) in enumerate(out):
         calls, status = report[config]
-        if config == "forced_but_off":
+        if config.endswith("_but_off"):
             assert "nvshmem=off" in status and "TILECOMM_NVSHMEM=off" in status, status
             continue
         assert calls > 50 and "nvshmem=on" in status, (rank, config, status)
         # even ranks passed symmetric inputs (pull reads them in place) and outputs (push writes them)
-        if rank % 2 == 0 and config in ("push", "pull"):
+        if rank % 2 == 0 and config in ("push", "pull", "all_reduce"):
             assert "in_place_calls=0" not in status, (rank, config, status)
         if config == "put_signal":
             assert "put_signal" in status, status

@@ -1,0 +1,90 @@
+// allreduce_nvshmem_two_shot (CUDA, NVSHMEM symmetric heap): the tensor is cut
+// into p parts of `stride` bytes (a multiple of 16; the last parts may be
+// shorter or empty). Every rank stages the parts peers read (or, when its
+// tensor lies on the symmetric heap, leaves them in place: Note [Block
+// sources]) and announces them; rank r then reads part r of every rank through
+// nvshmem_ptr addresses, reduces them in rank order 0..p-1 (its own from its
+// tensor; float16/bfloat16 in float32) and stores the result back into part r
+// of every rank's copy, in place or staged; once every peer said so (phase 1),
+// a staged rank copies its parts out of its staging buffer. Part r of any copy
+// is read and written by rank r alone, so the stores need no further round.
+// Cost: two flag rounds; per rank n read from peers and n written to them;
+// staged, 2n more (copy in, copy out). With every tensor on the heap it moves
+// what SymmetricMemory's two-shot moves.
+#include "cuda/blocks_launch.cuh"
+
+namespace tilecomm::cuda {
+
+namespace {
+
+/// Bytes of part j of an n-byte piece cut into parts of `stride` bytes.
+__device__ __forceinline__ uint64_t partBytes(const BlockArgs& a, int j) {
+  const uint64_t at = j * a.stride;
+  return at >= a.nbytes ? 0 : min(a.stride, a.nbytes - at);
+}
+
+/// This block's vectors of part j: [lo, min(hi, the part's vectors)).
+__device__ __forceinline__ uint64_t partTop(const BlockArgs& a, int j, uint64_t hi) {
+  return min(hi, (partBytes(a, j) + 15) / 16);
+}
+
+}  // namespace
+
+template <typename T, RedOp kOp>
+__global__ void __launch_bounds__(kThreads, 2) allreduceNvshmemTwoShotKernel(BlockArgs a) {
+  const Call c = beginCall(a);
+  uint64_t lo, hi;
+  blockRange(a.stride / 16, lo, hi);  // the same vectors of every part
+  const bool staged = a.source == kStagedSource;
+  char* mine = stagingOf(a.peers.base[a.rank], a.capacity, c.seq);
+  // stage: the parts peers read (every part but mine) into my staging buffer, unless in place
+  for (int j = 0; staged && j < a.world; ++j)
+    if (j != a.rank) copyVectors(a.in[0] + j * a.stride, mine + j * a.stride, partBytes(a, j), lo, partTop(a, j, hi));
+  publishSource(a, c.seq);
+  signal(a, 0, c.seq);
+  bool ok = waitPeers(a, 0, c.seq);
+  if (ok) {
+    // reduce: part `rank` of every rank in rank order, then store it into every rank's copy
+    const uint64_t len = partBytes(a, a.rank), top = partTop(a, a.rank, hi);
+    const char* src[kMaxRanks];
+    char* dst[kMaxRanks];
+    for (int q = 0; q < a.world; ++q) {
+      dst[q] = q == a.rank ? a.out[0] + a.rank * a.stride : const_cast<char*>(sourceBlock(a, q, c.seq, a.rank));
+      src[q] = q == a.rank ? a.in[0] + a.rank * a.stride : dst[q];
+    }
+    for (uint64_t v = lo + threadIdx.x; v < top; v += kUnroll * blockDim.x) {
+      uint4 x[kUnroll];
+      reduceFrom<T, kOp>(src, a.world, len, v, blockDim.x, top, x);
+      for (int i = 0; i < a.world; ++i) {
+        const int q = (a.rank + i) % a.world;  // staggered: peers are not all written at once
+        const bool aligned = isAligned(dst[q]);
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u)
+          if (v + u * blockDim.x < top) storeUser(dst[q], v + u * blockDim.x, len, aligned, x[u]);
+      }
+    }
+  }
+  // stored: my part is in every rank's copy (and I read every rank's part `rank`). NOTE: not
+  // raised after a failed wait: peers would take their unreduced part r for the result; they
+  // time out instead. A peer that arrives after this rank gave up may still store into its
+  // tensor in place; the call has failed by then, and the group fails every later call.
+  if (ok) signal(a, 1, c.seq);
+  if (ok) ok = waitPeers(a, 1, c.seq);
+  // copy out: a staged rank's parts reduced by the peers
+  for (int j = 0; ok && staged && j < a.world; ++j)
+    if (j != a.rank) copyVectors(mine + j * a.stride, a.out[0] + j * a.stride, partBytes(a, j), lo, partTop(a, j, hi));
+  endCall(a, c);
+}
+
+struct AllReduceNvshmemTwoShot {
+  template <typename T, RedOp kOp>
+  static void launch(const BlockArgs& a, int blocks, cudaStream_t s) {
+    allreduceNvshmemTwoShotKernel<T, kOp><<<blocks, kThreads, 0, s>>>(a);
+  }
+};
+
+void launchAllReduceNvshmemTwoShot(const BlockArgs& a, int blocks, DType dtype, RedOp op, cudaStream_t s) {
+  dispatch<AllReduceNvshmemTwoShot>(a, blocks, dtype, op, s);
+}
+
+}  // namespace tilecomm::cuda
