@@ -368,15 +368,12 @@ std::optional<cuda::BlockAlgo> CudaGroup::nvshmemReady(const CudaOp& op, cuda::B
   std::string why;
   if (nvs_state_ != Ipc::kOn) {
     why = "NVSHMEM is not available: " + nvs_why_;
-  } else if (all && !nvs_direct_) {
-    why = "it reads and writes peers' memory, which needs peer addresses (nvshmem_ptr) of every rank's memory, "
-          "and this group moves data with put-with-signal (TILECOMM_NVSHMEM_DATA, or a rank without peer "
-          "addresses)";
-  } else if (pull && !nvs_direct_) {
-    // Pull reads peers' memory, which only peer addresses can do; unforced, push replaces it.
+  } else if ((pull || all) && !nvs_direct_) {
+    // Pull and the all_reduce two-shot read peers' memory, which only peer addresses can do;
+    // unforced (pull only), push replaces it.
     if (!forced) algo = gather ? BlockAlgo::kAllGatherPush : BlockAlgo::kReduceScatterPush;
-    else why = "pull needs peer addresses (nvshmem_ptr) of every rank's memory, and this group moves data with "
-               "put-with-signal (TILECOMM_NVSHMEM_DATA, or a rank without peer addresses)";
+    else why = "it reads peers' memory, which needs peer addresses (nvshmem_ptr) of every rank's memory, and this "
+               "group moves data with put-with-signal (TILECOMM_NVSHMEM_DATA, or a rank without peer addresses)";
   }
   if (!why.empty()) {
     if (forced)
@@ -429,10 +426,9 @@ void CudaGroup::allReduceDirect(CudaOp& op, at::Tensor& t, DType dtype, RedOp ro
 
 void CudaGroup::allGatherDirect(CudaOp& op, const at::Tensor& in, const std::vector<void*>& outs,
                                 int64_t timeout_ms) {
-  std::vector<void*> out = outs;
   uint64_t timeout_ns = static_cast<uint64_t>(timeout_ms) * 1000000ull;
   last_kernel_ = kLastAllGatherLL;
-  op.direct_launch = cuda::allGatherDirectLL(*ipc_, in.data_ptr(), out.data(), in.nbytes(), op.stream.stream(),
+  op.direct_launch = cuda::allGatherDirectLL(*ipc_, in.data_ptr(), outs.data(), in.nbytes(), op.stream.stream(),
                                              timeout_ns);
   op.ipc = ipc_;
 }

@@ -346,27 +346,25 @@ void finishAverage(at::Tensor& t, const c10d::ReduceOp& op, int size) {
 ProcessGroupTilecomm::Direct ProcessGroupTilecomm::directAllReduce(const at::Tensor& t, DType dtype,
                                                                  const c10d::ReduceOp& op, int64_t timeout_ms) {
 #ifdef TILECOMM_WITH_CUDA
-  if (!cuda_ || !t.is_cuda()) return nullptr;
-  if (auto algo = cuda_->allReduceBlocks(t.nbytes(), dtype, engineOp(op))) {
-    return [this, t = at::Tensor(t), dtype, op, algo = *algo, timeout_ms](CudaOp& cop) mutable {
-      auto run = cuda_->nvshmemReady(cop, algo);  // the same answer on every rank
-      if (!run) return false;
-      premultiply(t, op);  // torch ops, on the internal stream (the current one here)
+  if (!cuda_) return nullptr;
+  // The NVSHMEM two-shot where TILECOMM_CUDA_ALLREDUCE forces it, else a cuda_ipc kernel.
+  const auto blocks = cuda_->allReduceBlocks(t.nbytes(), dtype, engineOp(op));
+  if (!blocks && !cuda_->directEligible(t.nbytes(), dtype, engineOp(op))) return nullptr;
+  return [this, t = at::Tensor(t), dtype, op, blocks, timeout_ms](CudaOp& cop) mutable {
+    // the same answer on every rank
+    const auto run = blocks ? cuda_->nvshmemReady(cop, *blocks) : std::nullopt;
+    if (blocks ? !run : !cuda_->directReady(cop)) return false;
+    premultiply(t, op);  // torch ops, on the internal stream (the current one here)
+    if (run) {
       cuda::BlockCall call;
       call.in[0] = call.out[0] = t.data_ptr();
       call.nbytes = t.nbytes();
       call.dtype = dtype;
       call.op = engineOp(op);
       cuda_->blocksDirect(cop, *run, call, timeout_ms);
-      finishAverage(t, op, size_);
-      return true;
-    };
-  }
-  if (!cuda_->directEligible(t.nbytes(), dtype, engineOp(op))) return nullptr;
-  return [this, t = at::Tensor(t), dtype, op, timeout_ms](CudaOp& cop) mutable {
-    if (!cuda_->directReady(cop)) return false;  // the same answer on every rank
-    premultiply(t, op);  // torch ops, on the internal stream (the current one here)
-    cuda_->allReduceDirect(cop, t, dtype, engineOp(op), timeout_ms);
+    } else {
+      cuda_->allReduceDirect(cop, t, dtype, engineOp(op), timeout_ms);
+    }
     finishAverage(t, op, size_);
     return true;
   };
@@ -606,7 +604,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::allgather(std::vector<std::
   for (size_t i = 0; i < outs.size(); ++i) checkSame(in, outs[i], "all_gather output", i);
   int64_t timeout = timeoutOf(opts.timeout, timeout_ms_);
   std::vector<void*> blocks;
-  for (const at::Tensor& t : outs) blocks.push_back(t.data_ptr());
+  for (size_t r = 0; in.is_cuda() && r < outs.size(); ++r) blocks.push_back(outs[r].data_ptr());
   Direct direct = directAllGather(in, std::move(blocks), timeout);
   return launch(c10d::OpType::ALLGATHER, opts.asyncOp, outs, {in}, outs, [=](const Host& h) {
     at::Tensor x = h(in);

@@ -14,6 +14,8 @@
 
 namespace tilecomm::cuda {
 
+namespace {
+
 // Note [Block budget]: the ranks' spinning kernels must all be resident at once, so the ranks
 // sharing a GPU may take one block per SM of it between them. Under MPS with
 // CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = pct, the SM count a process sees is already its share
@@ -26,8 +28,6 @@ int blockBudgetFor(int sms, int world, const char* mps_percentage) {
   const int budget = static_cast<int>(std::min<double>(sms, whole / world));
   return std::max(1, std::min(kMaxBlocks, budget));
 }
-
-namespace {
 
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw Error(ErrorKind::kSystem, std::string(what) + ": " + cudaGetErrorString(e));

@@ -143,10 +143,6 @@ __host__ __device__ inline char* llSlotOf(char* base, uint64_t capacity, uint64_
 // launched in the watchdog's 20 ms before it noticed, still writes its sends
 // into every peer's area before it waits.
 
-/// Note [Block budget]: blocks per rank for `world` ranks on a GPU of which this process sees
-/// `sms` SMs, with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = mps_percentage (null: unset).
-int blockBudgetFor(int sms, int world, const char* mps_percentage);
-
 class PeerTransport {
  public:
   /// Makes and zeroes this rank's area of kind `memory` for `device` (capacity: bytes per
