@@ -10,7 +10,9 @@ by the ranks:
   TILECOMM_PROTO=ll), `one_shot` and `two_shot` (that simple kernel), `auto`
   (what the selector's CUDA model picks), each over the cuda_ipc transport (GPU
   memory) and, as `hm_<entry>`, over host_mapped (shared host memory registered
-  with the GPU, the PCIe path); and all_gather_into_tensor (bytes are per rank)
+  with the GPU, the PCIe path), and `ll_system_fence` (LL over cuda_ipc with
+  system-scope fences, TILECOMM_CUDA_FENCE=system, where ranks sharing one GPU
+  would use GPU scope); and all_gather_into_tensor (bytes are per rank)
   in the entries whose all_gather can run as a kernel (`ll`, `auto`; above the
   LL limit it is staged, which cannot be captured). Each record names, per
   entry, the kernel that ran (`kernels`) and the peer memory (`memory`), which
@@ -49,8 +51,10 @@ _BASE = {
     "two_shot": {"TILECOMM_PROTO": "simple", "TILECOMM_CUDA_ALLREDUCE": "two_shot"},
     "auto": {},
 }
-GROUPS = {**_BASE, **{f"hm_{k}": {**v, "TILECOMM_TRANSPORT": "host_mapped"} for k, v in _BASE.items()}}
-GATHER = ("ll", "auto")  # entries whose all_gather runs as a kernel (else it is staged)
+GROUPS = {**_BASE, **{f"hm_{k}": {**v, "TILECOMM_TRANSPORT": "host_mapped"} for k, v in _BASE.items()},
+          # LL with system-scope fences where GPU scope would do (Note [Fence scope]), for comparison
+          "ll_system_fence": {"TILECOMM_PROTO": "ll", "TILECOMM_CUDA_FENCE": "system"}}
+GATHER = ("ll", "auto", "ll_system_fence")  # entries whose all_gather runs as a kernel (else it is staged)
 
 
 def _per_call(run, calls, reps, barrier):

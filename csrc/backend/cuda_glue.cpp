@@ -1,6 +1,7 @@
 #include "backend/cuda_glue.hpp"
 
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 
@@ -24,7 +25,57 @@ at::Tensor pinnedLike(const at::Tensor& t) {
 
 }  // namespace
 
+// ---------------------------------------------------------------- events
+
+EventPool::~EventPool() {
+  for (cudaEvent_t e : free_) cudaEventDestroy(e);
+}
+
+cudaEvent_t EventPool::get() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!free_.empty()) {
+      cudaEvent_t e = free_.back();
+      free_.pop_back();
+      return e;
+    }
+  }
+  c10::cuda::CUDAGuard guard(device_);  // an event belongs to the device current at its creation
+  cudaEvent_t e = nullptr;
+  C10_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return e;
+}
+
+void EventPool::put(cudaEvent_t e) {
+  std::lock_guard<std::mutex> lk(mu_);
+  free_.push_back(e);
+}
+
+void StreamOrder::enter(const CudaOp& op) {
+  if (op.captured || !last_ || last_->stream == op.stream) return;
+  C10_CUDA_CHECK(cudaStreamWaitEvent(op.stream.stream(), last_->end, 0));
+}
+
+void StreamOrder::leave(std::shared_ptr<const CudaOp> op) {
+  if (!op->captured && op->end_recorded) last_ = std::move(op);
+}
+
+void StreamOrder::drain() {
+  if (last_) cudaEventSynchronize(last_->end);  // errors ignored: at exit the runtime may be gone
+  last_.reset();
+}
+
 // ---------------------------------------------------------------- CudaOp
+
+CudaOp::CudaOp(c10::Device d, c10::cuda::CUDAStream s, std::shared_ptr<EventPool> p, bool on_caller)
+    : device(d), stream(s), on_caller_stream(on_caller), pool(std::move(p)), end(pool->get()) {
+  if (!on_caller_stream) ready = pool->get();
+}
+
+CudaOp::~CudaOp() {
+  if (ready) pool->put(ready);
+  pool->put(end);
+}
 
 std::string CudaOp::directError() const {
   if (!ipc || direct_launch == 0) return "";
@@ -32,20 +83,44 @@ std::string CudaOp::directError() const {
   return failed != 0 && direct_launch >= failed ? ipc->errorText() : "";
 }
 
+bool CudaOp::endReached() const {
+  if (!end_recorded) return true;
+  cudaError_t e = cudaEventQuery(end);
+  if (e == cudaSuccess) return true;
+  if (e != cudaErrorNotReady) C10_CUDA_CHECK(e);
+  (void)cudaGetLastError();  // not ready is no error: clear it
+  return false;
+}
+
+void CudaOp::waitEnd() const {
+  if (!end_recorded) return;
+  c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device.index());
+  if (current == stream) return;  // ordered already (a synchronous call's wait on its own stream)
+  c10::cuda::CUDAGuard guard(device);  // a stream waits on the device it belongs to
+  C10_CUDA_CHECK(cudaStreamWaitEvent(current.stream(), end, 0));
+}
+
 void CudaOp::run(const std::vector<at::Tensor>& tensors, const std::function<void()>& fn) {
   c10::cuda::CUDAGuard device_guard(device);
   c10::cuda::CUDAStreamGuard stream_guard(stream);
-  ready.block(stream);
+  if (order) order->enter(*this);
+  auto record_end = [&] {
+    C10_CUDA_CHECK(cudaEventRecord(end, stream.stream()));
+    end_recorded = true;
+    if (order) order->leave(shared_from_this());
+  };
+  if (!on_caller_stream) C10_CUDA_CHECK(cudaStreamWaitEvent(stream.stream(), ready, 0));
   try {
     fn();
   } catch (...) {
-    end.record(stream);
+    record_end();
     throw;
   }
-  for (const at::Tensor& t : tensors)
-    if (t.is_cuda() && t.storage().data_ptr().get())
-      c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream);
-  end.record(stream);
+  if (!on_caller_stream)  // NOTE: on the caller's stream the tensors are used where they are made
+    for (const at::Tensor& t : tensors)
+      if (t.is_cuda() && t.storage().data_ptr().get())
+        c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream);
+  record_end();
 }
 
 // ---------------------------------------------------------------- CudaGroup
@@ -81,6 +156,7 @@ void CudaGroup::releasePeers() {
   if (cudaGetDevice(&prev) != cudaSuccess) return;
   cudaSetDevice(device_->index());
   cudaStreamSynchronize(raw_stream_);
+  order_.drain();  // a synchronous collective's kernel on a caller's stream
   // NOTE: a peer may still be reading our staging buffers in its last direct kernel; wait
   // (bounded: a dead peer reads nothing) until each says it is done, then free them.
   // (The NVSHMEM area is never freed, Note [NVSHMEM lifetime]: nothing to wait for.)
@@ -98,20 +174,32 @@ void CudaGroup::bind(const c10::Device& device) {
     // it in the caching allocator and may be freed after the group is gone.
     stream_ = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device.index());
     raw_stream_ = stream_->stream();
+    events_ = std::make_shared<EventPool>(device.index());
     device_ = device;
   }
   TORCH_CHECK_VALUE(*device_ == device, "tilecomm: this process group runs its CUDA work on ", *device_,
                     "; got a tensor on ", device, " (use one device per process and group)");
 }
 
-std::shared_ptr<CudaOp> CudaGroup::begin(const c10::Device& device) {
+std::shared_ptr<CudaOp> CudaGroup::begin(const c10::Device& device) { return start(device, false); }
+
+std::shared_ptr<CudaOp> CudaGroup::beginCollective(const c10::Device& device, bool on_caller_stream) {
+  auto op = start(device, on_caller_stream);
+  op->order = &order_;
+  return op;
+}
+
+std::shared_ptr<CudaOp> CudaGroup::start(const c10::Device& device, bool on_caller_stream) {
   bind(device);
-  auto op = std::make_shared<CudaOp>(device, *stream_);
+  c10::cuda::CUDAGuard guard(device);  // an event is recorded on its own device
   c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device.index());
+  auto op = std::make_shared<CudaOp>(device, on_caller_stream ? current : *stream_, events_, on_caller_stream);
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   TORCH_CHECK(cudaStreamIsCapturing(current.stream(), &capture) == cudaSuccess, "tilecomm: cudaStreamIsCapturing");
   op->captured = capture != cudaStreamCaptureStatusNone;
-  op->ready.record(current);  // Note [CUDA graphs]: under capture, forks the internal stream into it
+  // Note [CUDA graphs]: under capture, this record and the internal stream's wait on it fork
+  // the internal stream into the capture (a call on the caller's stream needs neither).
+  if (!on_caller_stream) C10_CUDA_CHECK(cudaEventRecord(op->ready, current.stream()));
   return op;
 }
 
@@ -225,6 +313,7 @@ bool CudaGroup::setUpIpc() {
   topo_.devices.clear();
   for (int r = 0; r < world_; ++r) topo_.devices.push_back(fromBytes(store_->get(key + "device/" + std::to_string(r))));
   bool no_peer_access = false;
+  bool one_gpu = true;  // every pair shares one GPU (Note [Fence scope] in cuda/primitives.cuh)
   topo_.links.assign(world_, std::vector<std::string>(world_));
   for (int r = 0; r < world_; ++r) {
     for (int q = 0; q < world_; ++q) {
@@ -233,6 +322,7 @@ bool CudaGroup::setUpIpc() {
       auto it = settings_.gpu_links.find(a + " " + b);
       if (link == "unknown" && it != settings_.gpu_links.end()) link = it->second;
       no_peer_access |= link == "none";
+      one_gpu &= link == "self" || link == "same_gpu";
       topo_.links[r][q] = link;
     }
   }
@@ -242,6 +332,7 @@ bool CudaGroup::setUpIpc() {
   kinds.push_back(cuda::PeerMemory::kHostMapped);
   for (cuda::PeerMemory m : kinds) {
     if (!tryMemory(m)) continue;
+    ipc_->setOneGpu(one_gpu && settings_.fence == "auto");  // the same on every rank
     topo_.transport = cuda::peerMemoryName(m);
     startWatchdog();
     return true;
@@ -445,7 +536,7 @@ void CudaGroup::runStaged(const std::vector<at::Tensor>& reads, const std::vecto
   };
   for (const at::Tensor& t : reads) twin(t, true);
   for (const at::Tensor& t : writes) twin(t, false);
-  c10::cuda::getCurrentCUDAStream().synchronize();  // the internal stream: inputs are on the host now
+  c10::cuda::getCurrentCUDAStream().synchronize();  // the operation's stream: inputs are on the host now
   body(host);
   for (const at::Tensor& t : writes)
     if (t.is_cuda()) t.copy_(host(t), /*non_blocking=*/true);
@@ -468,7 +559,9 @@ std::string CudaGroup::status() const {
          " proto=" + settings_.proto + " ll_bytes=" + pair(settings_.ll_bytes) + " ll_limit=" +
          std::to_string(llLimit()) + " direct=" +
          (ipc_state_ == Ipc::kOn ? "on" : ipc_state_ == Ipc::kOff ? "off (" + ipc_why_ + ")" : "unset") +
-         (ipc_state_ == Ipc::kOn ? " memory=" + topo_.transport : "") + " nvshmem=" +
+         (ipc_state_ == Ipc::kOn ? " memory=" + topo_.transport + " fence=" + (ipc_->oneGpu() ? "gpu" : "system")
+                                 : "") +
+         " nvshmem=" +
          (nvs_state_ == Ipc::kOn ? std::string(nvs_direct_ ? "on" : "on (put_signal)")
           : nvs_state_ == Ipc::kOff ? "off (" + nvs_why_ + ")"
           : settings_.nvshmem_lib.empty() ? "not offered (" + settings_.nvshmem_why + ")"

@@ -10,24 +10,41 @@
 // collective over them, copies back.
 // Then an `end` event is recorded on the internal stream and the tensors are
 // marked used by it (recordStream), so the caching allocator never hands their
-// memory out before the stream is done with them. work.wait() makes the
+// memory out before the stream is done with them. The events are raw CUDA
+// events from the group's pool (EventPool), recorded and waited on with plain
+// runtime calls: one capture query per operation (at issue), no event created
+// or destroyed per operation, and wait() queries `end` only when a direct
+// kernel of the group has failed. work.wait() makes the
 // caller's current stream wait on `end` and does not block the CPU on GPU
 // work (only on the host part of a staged operation, which has to run first);
-// the Work's Future is device-aware and its events are recorded on the
-// internal stream. Operations run in issue order on one stream, so several in
-// flight on a group are ordered the same way on every rank.
+// the Work's Future, made when first asked for, is device-aware and its events
+// are recorded on the operation's stream after it. A group's collectives run
+// in issue order on the GPU (Note [Stream order]), so several in flight on a
+// group are ordered the same way on every rank.
+//
+// Note [Synchronous CUDA calls]: a collective called with async_op=False whose GPU work may be a
+// direct kernel (all_reduce, all_gather, reduce_scatter where they run as kernels) runs on the
+// caller's current stream instead, as ProcessGroupNCCL does in that mode: the caller's stream
+// orders it with what comes before and after, so it needs no `ready` event, no stream waits and
+// no recordStream (tensors are used on the caller's stream, as by any torch operation on it).
+// Its `end` event is still recorded, on that stream, so that its Work answers is_completed(),
+// wait() from another stream and a failed kernel as before, and the next collective on another
+// stream can wait on it. Should such a call fall back to the staged path (no peer transport), it
+// is staged on the caller's stream. Asynchronous calls, the other staged calls and
+// point-to-point keep the internal stream.
 //
 // Note [CUDA graphs]: an operation issued while the caller's stream is being
-// captured is captured too: `ready` forks the internal stream into the capture,
-// `end` joins it back when the caller waits (wait() never queries a captured
-// event). Only direct kernels can be captured (they take no per-call value from
+// captured is captured too: an asynchronous one's `ready` forks the internal
+// stream into the capture, and `end` joins it back when the caller waits
+// (wait() never queries a captured event); a synchronous one is captured on the
+// caller's stream itself. Only direct kernels can be captured (they take no per-call value from
 // the host, Note [Device sequence]); a staged operation under capture raises a
 // ValueError at the call, and so does the group's first direct call (it sets up
 // the transport through the Store and cudaMalloc): run one before capturing.
 #pragma once
 
-#include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <atomic>
@@ -60,6 +77,7 @@ struct CudaSettings {
   uint64_t ll_bytes[cuda::kMemories] = {};                  // auto: LL up to this size
   uint64_t two_shot_bytes[cuda::kMemories] = {~0ull, ~0ull, ~0ull};  // auto: two_shot from this size on
   std::string transport = "auto";        // auto | host_mapped (TILECOMM_TRANSPORT)
+  std::string fence = "auto";            // auto | system (TILECOMM_CUDA_FENCE; Note [Fence scope])
   // How GPUs of the host are joined, from NVML on rank 0: "<bus id> <bus id>" -> nvlink | pcie | none
   // (both orders; bus ids as canonicalBusId of common/pci.h writes them). Missing pairs are "unknown".
   std::map<std::string, std::string> gpu_links;
@@ -84,21 +102,76 @@ struct GpuTopology {
   std::vector<std::vector<std::string>> links;  // [r][q]: self | same_gpu | nvlink | pcie | none | unknown
 };
 
+/// Reusable CUDA events of one device (timing disabled). An event goes back to the pool with
+/// the operation that used it; recording it again later is safe even before the GPU reached its
+/// last record, since a stream wait takes the record that precedes it.
+class EventPool {
+ public:
+  explicit EventPool(c10::DeviceIndex device) : device_(device) {}
+  ~EventPool();  // destroys the events (errors ignored: at exit the runtime may be gone)
+  EventPool(const EventPool&) = delete;
+  EventPool& operator=(const EventPool&) = delete;
+  cudaEvent_t get();  // a free event, or a new one on the pool's device
+  void put(cudaEvent_t e);
+
+ private:
+  c10::DeviceIndex device_;
+  std::mutex mu_;
+  std::vector<cudaEvent_t> free_;
+};
+
+struct CudaOp;
+
+/// Note [Stream order]: a group's collectives take device sequence numbers from one counter
+/// per rank (Note [Device sequence]), so their kernels must run one after another in issue
+/// order. Those that run on one stream do; where a collective's stream differs from the
+/// previous one's (an asynchronous call after a synchronous one, or the caller switched
+/// streams), its stream first waits on the previous collective's `end` event. The group keeps
+/// that collective (and so its events) until the next one. Used inside tasks only, one at a
+/// time. Captured collectives are left out: their kernels run when the graph is replayed,
+/// ordered within the graph, and the caller orders the replays (as with NCCL).
+class StreamOrder {
+ public:
+  /// Before a collective's GPU work on op.stream.
+  void enter(const CudaOp& op);
+  /// After it (op's `end` recorded).
+  void leave(std::shared_ptr<const CudaOp> op);
+  /// At the group's end: waits until the GPU has passed the last collective.
+  void drain();
+
+ private:
+  std::shared_ptr<const CudaOp> last_;  // the last collective run eagerly
+};
+
 /// One CUDA operation's stream bookkeeping (Note [CUDA streams]).
-struct CudaOp {
-  CudaOp(c10::Device d, c10::cuda::CUDAStream s) : device(d), stream(s) {}
+struct CudaOp : std::enable_shared_from_this<CudaOp> {
+  /// on_caller: runs on the caller's current stream `s` (Note [Synchronous CUDA calls]).
+  CudaOp(c10::Device d, c10::cuda::CUDAStream s, std::shared_ptr<EventPool> pool, bool on_caller);
+  ~CudaOp();  // returns the events to the pool
+  CudaOp(const CudaOp&) = delete;
+  CudaOp& operator=(const CudaOp&) = delete;
   c10::Device device;
-  c10::cuda::CUDAStream stream;  // the group's internal stream
-  at::cuda::CUDAEvent ready;     // the caller's current stream at issue
-  at::cuda::CUDAEvent end;       // the internal stream after the operation's GPU work
+  c10::cuda::CUDAStream stream;  // the group's internal stream, or the caller's (on_caller_stream)
+  bool on_caller_stream;
+  std::shared_ptr<EventPool> pool;
+  StreamOrder* order = nullptr;  // the group's, for collectives (Note [Stream order]); used in run()
+  cudaEvent_t ready = nullptr;   // the caller's current stream at issue (internal stream only)
+  cudaEvent_t end;               // the operation's stream after its GPU work
+  std::atomic<bool> end_recorded{false};  // set by run()
   uint64_t direct_launch = 0;    // the launch id of its direct kernel, 0 if none
   bool captured = false;         // issued while the caller's stream was capturing a CUDA graph
   std::shared_ptr<cuda::PeerTransport> ipc;
 
   /// Why its direct kernel failed on the GPU ("" if it did not, or has not finished).
   std::string directError() const;
-  /// Runs fn with the device and the internal stream current, after the stream waited on
-  /// `ready`; then marks `tensors` used by the stream and records `end` (also when fn throws).
+  /// Whether the GPU has passed `end` (true if run() never recorded it). Not under capture.
+  bool endReached() const;
+  /// Makes the current stream of the operation's device wait on `end` (no-op if never recorded,
+  /// or if the current stream is the one the operation ran on).
+  void waitEnd() const;
+  /// Runs fn with the device and the operation's stream current (on the internal stream: after it
+  /// waited on `ready`, and then marks `tensors` used by it), then records `end` (also when fn
+  /// throws).
   void run(const std::vector<at::Tensor>& tensors, const std::function<void()>& fn);
 };
 
@@ -111,6 +184,10 @@ class CudaGroup {
   /// At issue, on the caller's thread: a CUDA operation on `device`, its ready event recorded
   /// on the current stream. The first call binds the group to the device.
   std::shared_ptr<CudaOp> begin(const c10::Device& device);
+  /// The same for a collective, ordered with the group's others (Note [Stream order]); with
+  /// on_caller_stream, it runs on the caller's current stream instead (Note [Synchronous CUDA
+  /// calls]) and records no event.
+  std::shared_ptr<CudaOp> beginCollective(const c10::Device& device, bool on_caller_stream);
 
   /// Whether an all_reduce may run as a direct kernel, decided from the call alone (the same on
   /// every rank); which kernel is chosen in the task, once the peer memory is known (allReduceDirect).
@@ -146,7 +223,7 @@ class CudaGroup {
   /// back: throws Error(kInvalid) instead.
   bool directReady(const CudaOp& op);
   /// In a task, inside CudaOp::run, after directReady: enqueues a direct all_reduce of t on the
-  /// internal stream, with the kernel the settings pick for its size and the group's peer memory.
+  /// operation's stream, with the kernel the settings pick for its size and the group's peer memory.
   void allReduceDirect(CudaOp& op, at::Tensor& t, DType dtype, RedOp rop, int64_t timeout_ms);
   /// In a task, inside CudaOp::run: enqueues an LL all_gather of `in` into outs[q] (one per rank).
   void allGatherDirect(CudaOp& op, const at::Tensor& in, const std::vector<void*>& outs, int64_t timeout_ms);
@@ -162,6 +239,7 @@ class CudaGroup {
   GpuTopology topology() const;
 
  private:
+  std::shared_ptr<CudaOp> start(const c10::Device& device, bool on_caller_stream);
   bool setUpIpc();
   /// One attempt to set up NVSHMEM and its transport with every rank; false (nvs_why_ says why) if
   /// any rank failed.
@@ -190,6 +268,8 @@ class CudaGroup {
   std::optional<c10::Device> device_;
   cudaStream_t raw_stream_ = nullptr;
   std::optional<c10::cuda::CUDAStream> stream_;
+  std::shared_ptr<EventPool> events_;  // of the bound device
+  StreamOrder order_;  // only touched inside tasks
 
   enum class Ipc { kUnset, kOn, kOff };
   Ipc ipc_state_ = Ipc::kUnset;  // only touched inside tasks (one at a time)

@@ -145,8 +145,8 @@ PYBIND11_MODULE(_C, m) {
       [](backend::ProcessGroupTilecomm& self, const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix,
          const std::string& allreduce, uint64_t ipc_bytes, std::array<uint64_t, cuda::kMemories> two_shot_bytes,
          int64_t timeout_ms, const std::string& proto, std::array<uint64_t, cuda::kMemories> ll_bytes,
-         const std::string& transport, const std::vector<std::tuple<std::string, std::string, std::string>>& gpu_links,
-         const py::dict& nvshmem) {
+         const std::string& transport, const std::string& fence,
+         const std::vector<std::tuple<std::string, std::string, std::string>>& gpu_links, const py::dict& nvshmem) {
         backend::CudaSettings s;
         s.allreduce = allreduce;
         s.ipc_bytes = ipc_bytes;
@@ -157,6 +157,7 @@ PYBIND11_MODULE(_C, m) {
           s.ll_bytes[m] = ll_bytes[m];
         }
         s.transport = transport;
+        s.fence = fence;
         // NVSHMEM (cuda/blocks.h): every key is set by _backend.create.
         s.nvshmem_lib = nvshmem["lib"].cast<std::string>();
         s.nvshmem_why = nvshmem["why"].cast<std::string>();
@@ -175,6 +176,7 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("store"), py::arg("prefix"), py::arg("allreduce"), py::arg("ipc_bytes"), py::arg("two_shot_bytes"),
       py::arg("timeout_ms"), py::arg("proto"), py::arg("ll_bytes"), py::arg("transport") = "auto",
+      py::arg("fence") = "auto",
       py::arg("gpu_links") = std::vector<std::tuple<std::string, std::string, std::string>>{}, py::arg("nvshmem"));
   // NOTE: without the GIL: it waits for its turn behind the group's operations, whose Future
   // callbacks may need it.

@@ -148,13 +148,7 @@ char* bytes(const at::Tensor& t) { return static_cast<char*>(t.data_ptr()); }
 
 TilecommWork::TilecommWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep,
                            std::shared_ptr<CudaOp> cuda)
-    : c10d::Work(rank, type), outputs_(std::move(outputs)), keep_(std::move(keep)), cuda_(std::move(cuda)) {
-  std::vector<c10::Device> devices;
-#ifdef TILECOMM_WITH_CUDA
-  if (cuda_) devices.push_back(cuda_->device);  // a device-aware Future (Note [CUDA streams])
-#endif
-  future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()), devices);
-}
+    : c10d::Work(rank, type), outputs_(std::move(outputs)), keep_(std::move(keep)), cuda_(std::move(cuda)) {}
 
 bool TilecommWork::isCompleted() {
   {
@@ -162,7 +156,7 @@ bool TilecommWork::isCompleted() {
     if (!completed_) return false;
   }
 #ifdef TILECOMM_WITH_CUDA
-  if (cuda_ && !cuda_->captured) return cuda_->end.query();  // Note [CUDA graphs]: no query under capture
+  if (cuda_ && !cuda_->captured) return cuda_->endReached();  // Note [CUDA graphs]: no query under capture
 #endif
   return true;
 }
@@ -170,7 +164,10 @@ bool TilecommWork::isCompleted() {
 bool TilecommWork::wait(std::chrono::milliseconds timeout) {
   bool done = c10d::Work::wait(timeout);  // the host part; then synchronize()
 #ifdef TILECOMM_WITH_CUDA
-  if (cuda_ && cuda_->direct_launch != 0 && !cuda_->captured && cuda_->end.query()) {
+  // NOTE: the end event is queried only once a direct kernel of the group has failed (a word in
+  // mapped host memory says so), not on every call.
+  if (cuda_ && cuda_->direct_launch != 0 && !cuda_->captured && cuda_->ipc && cuda_->ipc->failedLaunch() != 0 &&
+      cuda_->endReached()) {
     std::string err = cuda_->directError();
     if (!err.empty()) C10_THROW_ERROR(DistBackendError, "tilecomm: " + err);
   }
@@ -180,7 +177,7 @@ bool TilecommWork::wait(std::chrono::milliseconds timeout) {
 
 void TilecommWork::synchronize() {
 #ifdef TILECOMM_WITH_CUDA
-  if (cuda_) cuda_->end.block(c10::cuda::getCurrentCUDAStream(cuda_->device.index()));
+  if (cuda_) cuda_->waitEnd();
 #endif
 }
 
@@ -194,24 +191,56 @@ std::exception_ptr TilecommWork::exception() const {
   return exception_;
 }
 
+c10::intrusive_ptr<c10::ivalue::Future> TilecommWork::getFuture() {
+  c10::intrusive_ptr<c10::ivalue::Future> f;
+  bool finished = false;
+  {
+    std::lock_guard<std::mutex> lk(future_mu_);
+    if (future_) return future_;
+    std::vector<c10::Device> devices;
+#ifdef TILECOMM_WITH_CUDA
+    if (cuda_) devices.push_back(cuda_->device);  // a device-aware Future (Note [CUDA streams])
+#endif
+    f = future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors(), devices);
+    finished = finished_;
+  }
+  if (finished) completeFuture(*f);  // the op was done before anyone asked for its Future
+  return f;
+}
+
 void TilecommWork::complete(std::exception_ptr eptr, int source) {
   source_ = source;
   keep_.clear();
+  result_ = eptr;  // read by completeFuture after the lock below, or by a later getFuture
+  c10::intrusive_ptr<c10::ivalue::Future> f;
+  {
+    // NOTE: before finish(): a Future first asked for once wait() returned is made done (one made
+    // earlier may still be completing for a moment when wait() returns, as before).
+    std::lock_guard<std::mutex> lk(future_mu_);
+    finished_ = true;
+    f = future_;
+  }
   finish(eptr);  // wakes wait()
-  // NOTE: future callbacks (DDP's) run here, on the thread that completed the op.
-  if (eptr) {
-    future_->setError(eptr);
+  if (f) completeFuture(*f);
+}
+
+void TilecommWork::completeFuture(c10::ivalue::Future& future) {
+  // NOTE: exactly one caller gets here per Work: complete() when the Future existed before the op
+  // was done, else the getFuture() call that made it. Future callbacks (DDP's) run here, on that
+  // thread, without a lock of ours held (a callback may issue more operations).
+  if (result_) {
+    future.setError(result_);
     return;
   }
 #ifdef TILECOMM_WITH_CUDA
-  if (cuda_) {  // the Future's events go on the internal stream, after the operation
+  if (cuda_) {  // the Future's events go on the operation's stream, after it
     c10::cuda::CUDAGuard device_guard(cuda_->device);
     c10::cuda::CUDAStreamGuard stream_guard(cuda_->stream);
-    future_->markCompleted(c10::IValue(outputs_));
+    future.markCompleted(c10::IValue(outputs_));
     return;
   }
 #endif
-  future_->markCompleted(c10::IValue(outputs_));
+  future.markCompleted(c10::IValue(outputs_));
 }
 
 // ---------------------------------------------------------------- backend
@@ -241,7 +270,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::launch(c10d::OpType type, b
   if (first && first->is_cuda()) {
     TORCH_CHECK_VALUE(cuda_, "tilecomm: this process group was created without CUDA support");
     cc = std::make_shared<CudaCall>();
-    cc->op = cuda_->begin(first->device());  // records the ready event on the current stream
+    // Note [Synchronous CUDA calls]: a synchronous call that may run as a kernel runs on the
+    // caller's stream; otherwise the ready event is recorded on it.
+    cc->op = cuda_->beginCollective(first->device(), !async && direct);
     TORCH_CHECK_VALUE(!cc->op->captured || direct, "tilecomm: ", c10d::opTypeToString(type),
                       " on CUDA tensors cannot be captured in a CUDA graph: it runs staged through host memory "
                       "(only all_reduce and all_gather that run as direct kernels can; see TILECOMM_PROTO)");
@@ -354,7 +385,7 @@ ProcessGroupTilecomm::Direct ProcessGroupTilecomm::directAllReduce(const at::Ten
     // the same answer on every rank
     const auto run = blocks ? cuda_->nvshmemReady(cop, *blocks) : std::nullopt;
     if (blocks ? !run : !cuda_->directReady(cop)) return false;
-    premultiply(t, op);  // torch ops, on the internal stream (the current one here)
+    premultiply(t, op);  // torch ops, on the operation's stream (the current one here)
     if (run) {
       cuda::BlockCall call;
       call.in[0] = call.out[0] = t.data_ptr();
@@ -414,7 +445,7 @@ ProcessGroupTilecomm::Direct ProcessGroupTilecomm::directReduceScatter(std::vect
     auto run = cuda_->nvshmemReady(cop, algo);  // the same answer on every rank
     if (!run) return false;
     std::vector<at::Tensor> src = ins;
-    if (op.op_ == c10d::ReduceOp::PREMUL_SUM) {  // scaled copies (on the internal stream), never the input
+    if (op.op_ == c10d::ReduceOp::PREMUL_SUM) {  // scaled copies (operation's stream), never the input
       for (at::Tensor& t : src) {
         t = t.clone();
         premultiply(t, op);

@@ -62,15 +62,22 @@ class TilecommWork : public c10d::Work {
   void synchronize() override;
   int sourceRank() const override { return source_; }
   std::vector<at::Tensor> result() override { return outputs_; }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  /// Made on the first call (most callers never ask): a plain synchronous collective makes no
+  /// Future, and so no Future events for CUDA work.
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   /// Marks the work done (successfully when eptr is null) and completes its future.
   void complete(std::exception_ptr eptr, int source = -1);
 
  private:
+  void completeFuture(c10::ivalue::Future& future);  // once both the Future and the outcome exist
+
   std::vector<at::Tensor> outputs_;
   std::vector<at::Tensor> keep_;  // inputs and scratch buffers alive until done
   std::shared_ptr<CudaOp> cuda_;  // null for CPU work
+  std::mutex future_mu_;          // future_, finished_
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+  bool finished_ = false;
+  std::exception_ptr result_;  // the outcome, set before finished_
   int source_ = -1;
 };
 
@@ -139,7 +146,7 @@ class ProcessGroupTilecomm : public c10d::Backend {
   /// The body of a call; h maps its tensors to the ones to work on (see Host).
   using Body = std::function<void(const Host& h)>;
   /// A CUDA call's alternative to staging: runs it on the GPU and returns true, or returns
-  /// false to have it staged. Runs in the task with the internal stream current.
+  /// false to have it staged. Runs in the task with the operation's stream current.
   using Direct = std::function<bool(CudaOp& op)>;
   /// The one generic path of every collective (c10d's collective() habit). `outputs` are the
   /// Work's result; `reads` and `writes` are the tensors the body reads and writes (all on one

@@ -180,6 +180,10 @@ class PeerTransport {
   /// per SM of the budget, twice the loads in flight for the copy-bound kernels.
   int doubleBudget() const { return std::min(kMaxBlocks, 2 * block_budget_); }
   const PeerTable& peers() const { return peers_; }
+  /// Note [Fence scope]: whether every rank's area is memory of this rank's own GPU (cuda_ipc, all
+  /// ranks on one GPU), so that the kernels publish to peers with GPU-scope fences.
+  bool oneGpu() const { return one_gpu_; }
+  void setOneGpu(bool v) { one_gpu_ = v && memory_ == PeerMemory::kCudaIpc; }
   /// Launch id of the next direct kernel launched from the host (from 1). A kernel replayed from
   /// a CUDA graph keeps the id it was captured with; sequence numbers come from the device.
   uint64_t nextLaunch() { return ++launches_; }
@@ -208,6 +212,7 @@ class PeerTransport {
   uint64_t capacity_;
   uint64_t ll_capacity_;
   int block_budget_ = 1;
+  bool one_gpu_ = false;
   uint64_t launches_ = 0;
   uint64_t calls_ = 0;
   char* own_ = nullptr;           // this rank's area as its GPU addresses it

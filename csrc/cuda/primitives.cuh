@@ -30,6 +30,7 @@ struct CallArgs {
   int rank;
   int world;
   KernelKind kind;
+  bool one_gpu;  // Note [Fence scope]
 };
 
 /// The CallArgs of the next launch over `t` (host side; takes the launch id).
@@ -43,6 +44,7 @@ inline void beginCall(CallArgs& a, PeerTransport& t, uint64_t timeout_ns, Kernel
   a.rank = t.rank();
   a.world = t.world();
   a.kind = kind;
+  a.one_gpu = t.oneGpu();
 }
 
 /// all_reduce: the user's tensor, reduced in place.
@@ -88,6 +90,30 @@ __device__ __forceinline__ uint64_t loadAcquire(const uint64_t* p) {
   return v;
 }
 
+// Note [Fence scope]: what a kernel publishes to its peers (a flag, its end-of-call counter)
+// must follow every store it made into their areas, for whoever reads it: peers' kernels, and
+// peers' host threads copying the counter in drain(). In general they are on other GPUs, or the
+// areas are host memory, and the fence is system-scope. When every rank's area is memory of one
+// GPU (cuda_ipc with all ranks sharing that GPU: CallArgs::one_gpu), all those readers go
+// through that GPU's memory, and a GPU-scope fence suffices; it is cheaper (measured in
+// docs/benchmarks.md). Waiters keep their system-scope acquire loads, whose scope includes the
+// publishing thread either way.
+__device__ __forceinline__ void fenceForPeers(bool one_gpu) {
+  if (one_gpu) __threadfence();
+  else __threadfence_system();
+}
+
+__device__ __forceinline__ void releaseToPeers(bool one_gpu, uint64_t* p, uint64_t v) {
+  if (one_gpu) asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+  else storeRelease(p, v);
+}
+
+/// Publishes v at p after every earlier store of the block (thread 0, after a barrier).
+__device__ __forceinline__ void publish(bool one_gpu, uint64_t* p, uint64_t v) {
+  fenceForPeers(one_gpu);
+  releaseToPeers(one_gpu, p, v);
+}
+
 /// One block's view of the call (Note [Device sequence]).
 struct Call {
   uint64_t seq;            // this call's sequence number
@@ -108,9 +134,8 @@ __device__ __forceinline__ Call beginCall(const CallArgs& a) {
 
 /// Block-wide, at the kernel's end (also after a timeout): the last block to get here
 /// publishes counter.seq = call.seq. NOTE: every block must call it exactly once.
-// NOTE: the final publication is system-scope: peers read counter.seq from other processes
-// (and GPUs) in drain() before freeing their areas, so this kernel's stores into their areas
-// must be visible before it.
+// NOTE: peers read counter.seq from other processes in drain() before freeing their areas, so
+// this kernel's stores into their areas must be visible before it (Note [Fence scope]).
 __device__ __forceinline__ void endCall(const CallArgs& a, const Call& c) {
   __syncthreads();
   if (threadIdx.x != 0) return;
@@ -119,8 +144,7 @@ __device__ __forceinline__ void endCall(const CallArgs& a, const Call& c) {
   const unsigned long long before = atomicAdd(&k->arrived, 1ull);
   if (before + 1 == c.blocks_before + gridDim.x) {  // every block of this kernel is done
     *reinterpret_cast<volatile unsigned long long*>(&k->blocks) = before + 1;
-    __threadfence_system();
-    storeRelease(reinterpret_cast<uint64_t*>(&k->seq), c.seq);
+    publish(a.one_gpu, reinterpret_cast<uint64_t*>(&k->seq), c.seq);
   }
 }
 
@@ -157,10 +181,7 @@ __device__ __forceinline__ bool waitFailed(const CallArgs& a, int peer, uint64_t
 /// Block-wide: once every thread's earlier stores are done, announces `seq` on this block's flag.
 __device__ __forceinline__ void signal(const CallArgs& a, int phase, uint64_t seq) {
   __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence_system();
-    storeRelease(flagOf(a.peers.base[a.rank], phase, blockIdx.x), seq);
-  }
+  if (threadIdx.x == 0) publish(a.one_gpu, flagOf(a.peers.base[a.rank], phase, blockIdx.x), seq);
 }
 
 /// Block-wide: waits until flagFor(q) >= seq for every peer q (thread q polls it). Returns false
@@ -207,9 +228,9 @@ __device__ __forceinline__ bool waitPushed(const CallArgs& a, uint64_t seq, int 
 __device__ __forceinline__ void signalPushed(const CallArgs& a, uint64_t seq) {
   __syncthreads();
   if (threadIdx.x == 0) {
-    __threadfence_system();
+    fenceForPeers(a.one_gpu);
     for (int i = 1; i < a.world; ++i)
-      storeRelease(pushFlagOf(a.peers.base[(a.rank + i) % a.world], a.rank, blockIdx.x), seq);
+      releaseToPeers(a.one_gpu, pushFlagOf(a.peers.base[(a.rank + i) % a.world], a.rank, blockIdx.x), seq);
   }
 }
 

@@ -201,6 +201,7 @@ def create(opts, pg_options=None):
             proto=cfg["TILECOMM_PROTO"],
             ll_bytes=[agreed["cuda"][m]["ll_bytes"] for m in cuda_model.MEMORIES],
             transport="host_mapped" if cfg["TILECOMM_TRANSPORT"] == "host_mapped" else "auto",
+            fence=cfg["TILECOMM_CUDA_FENCE"],
             gpu_links=[tuple(x) for x in agreed["gpu_links"]],
             nvshmem=agreed["cuda"]["nvshmem_algorithms"],
         )

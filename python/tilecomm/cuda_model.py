@@ -155,12 +155,13 @@ def check(section, where: str):
 def samples(records) -> list[tuple[str, str, int, int, float]]:
     """(memory, kernel, p, bytes, seconds) of every CUDA-graph all_reduce and all_gather time of a
     forced kernel in ``benchmarks/gpu_latency.py`` records (each names, per entry, the kernel that ran
-    and its memory). The ``auto`` entries are left out: they validate the fit."""
+    and its memory). The ``auto`` entries are left out (they validate the fit), and so is
+    ``ll_system_fence`` (a comparison with other settings)."""
     out = []
     for r in records:
         for key, kernel in r.get("kernels", {}).items():
             entry = key.split(":", 1)[1]
-            if entry.removeprefix("hm_") == "auto":
+            if entry.removeprefix("hm_") in ("auto", "ll_system_fence"):
                 continue
             v = r.get(f"{key}:graph")
             memory = r.get("memory", {}).get(entry)

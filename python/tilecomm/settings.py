@@ -154,6 +154,15 @@ SETTINGS = [
         ("auto", "ll", "simple"),
     ),
     Setting(
+        "TILECOMM_CUDA_FENCE",
+        str,
+        "auto",
+        "Scope of the fences with which the direct CUDA kernels publish flags and their end of call to peers "
+        "(CUDA builds). `auto`: GPU scope when every rank of the group shares one GPU over cuda_ipc (their "
+        "memory is that GPU's), system scope otherwise; `system`: always system scope.",
+        ("auto", "system"),
+    ),
+    Setting(
         "TILECOMM_NVSHMEM",
         str,
         "auto",

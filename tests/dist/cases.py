@@ -1112,6 +1112,15 @@ def async_ops(rank, world, gloo, n=1001):
     assert_equal(doubled.wait(), exp * 2, "chained future")
     w.wait()
     assert w.is_completed()
+    # the Future asked for only once the op is done (it is made on demand): completed, with the
+    # value, and callbacks chained on it run at once
+    g2 = pattern("sum", torch.float32, n, rank)
+    w2 = dist.all_reduce(g2, async_op=True)
+    w2.wait()
+    late = w2.get_future()
+    assert late.done() and w2.get_future().done()
+    assert_equal(late.wait()[0], exp, "future made after completion")
+    assert_equal(late.then(lambda f: f.value()[0] + 1).wait(), exp + 1, "callback on a completed future")
     # many in flight at once
     ts = [torch.full((k + 1,), float(rank + k)) for k in range(32)]
     ws = [dist.all_reduce(t, async_op=True) for t in ts]

@@ -527,6 +527,55 @@ def streams(rank, world, gloo, n, direct):
     for r in range(world):
         check_equal(outs[r], torch.full((n,), float(r)), f"async all_gather [{r}]")
     check_equal(c, torch.full((2,), float(world * (world - 1) // 2)), "cpu all_reduce between")
+
+    # 8. Synchronous calls run on the caller's stream (Note [Synchronous CUDA calls]), asynchronous
+    # ones on the internal stream, and the group's kernels still run in issue order (Note [Stream
+    # order]): a synchronous call on a side stream held back by a slow kernel, between two
+    # asynchronous calls. Out of order, the kernels would take each other's sequence numbers.
+    a = torch.full((n,), float(rank), device=d)
+    w1 = dist.all_reduce(a, async_op=True)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(20_000_000)
+        b = torch.full((n,), float(rank + 1), device=d)
+        dist.all_reduce(b)
+        b2 = b * 2  # on the side stream, after the synchronous call
+    w2 = dist.all_reduce(a, async_op=True)
+    w1.wait()
+    w2.wait()
+    side.synchronize()
+    total = world * (world - 1) // 2
+    check_equal(a, torch.full((n,), float(world * total)), "async, sync on a side stream, async")
+    check_equal(b2, torch.full((n,), 2.0 * (total + world)), "sync call on a side stream")
+
+    # 9. The other way round: a synchronous call on the default stream held back by a slow kernel,
+    # then a synchronous and an asynchronous call from a side stream, then is_completed() and a
+    # wait() from a stream other than the one a synchronous call ran on.
+    x = torch.full((n,), float(rank), device=d)
+    torch.cuda._sleep(20_000_000)
+    dist.all_reduce(x)
+    with torch.cuda.stream(side):
+        y = torch.full((n,), float(rank + 2), device=d)
+        dist.all_reduce(y)
+        dist.all_reduce(y, async_op=True).wait()
+        y2 = y * 1
+    torch.cuda.synchronize()
+    check_equal(x, torch.full((n,), float(total)), "sync on the default stream, then a side stream")
+    check_equal(y2, torch.full((n,), float(world * (total + 2 * world))), "sync then async on a side stream")
+    # The Work of a synchronous call (torch's Python drops it; a C++-level caller keeps it): wait()
+    # on another stream orders that stream after the kernel, and is_completed() follows the GPU.
+    opts = dist.AllreduceOptions()
+    if hasattr(opts, "asyncOp"):  # torch versions whose options carry it
+        opts.asyncOp = False
+        ones = torch.ones(n, device=d)
+        torch.cuda._sleep(20_000_000)
+        w4 = dist.group.WORLD.allreduce([ones], opts)
+        with torch.cuda.stream(side):
+            w4.wait()
+            z = ones * 1
+        side.synchronize()
+        check(w4.is_completed(), "a synchronous call's Work is not completed once its stream passed it")
+        check_equal(z, torch.full((n,), float(world)), "a side stream after wait() on a synchronous call")
     finish()
 
 
@@ -715,13 +764,15 @@ def spawn_killed_mid_kernel(rank, world, port, port2, n=4096, timeout_s=60.0):
 
 
 def gpu_topology(rank, world, gloo):
-    """What tilecomm.gpu_topology reports after a direct call (devices, links, transport)."""
+    """What tilecomm.gpu_topology reports after a direct call (devices, links, transport), and the scope
+    of the kernels' fences from the status (Note [Fence scope])."""
     import tilecomm
 
     t = torch.ones(8, device=dev())
     dist.all_reduce(t)
     torch.cuda.synchronize()
-    return tilecomm.gpu_topology()
+    fence = [w.split("=", 1)[1] for w in backend().cuda_status().split() if w.startswith("fence=")]
+    return {**tilecomm.gpu_topology(), "fence": fence}
 
 
 # ---------------------------------------------------------------- NVSHMEM (all_gather, reduce_scatter)

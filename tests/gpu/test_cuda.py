@@ -112,17 +112,20 @@ def test_cuda_graph_replay(pools, world, memory):
     pools.run(world, env, "graph_replay", replays=40)
 
 
-@pytest.mark.parametrize("config", ["auto", "host_mapped"])
+@pytest.mark.parametrize("config", ["auto", "host_mapped", "system_fence"])
 @pytest.mark.parametrize("world", WORLDS)
 def test_gpu_topology(pools, world, config):
-    """Ranks sharing one GPU: every pair is same_gpu and cuda_ipc is chosen; host_mapped when forced."""
-    topo = pools.run(world, CONFIGS[config], "gpu_topology")
+    """Ranks sharing one GPU: every pair is same_gpu and cuda_ipc is chosen; host_mapped when forced.
+    The kernels fence at GPU scope over cuda_ipc, at system scope over host_mapped or when forced."""
+    env = {"TILECOMM_CUDA_FENCE": "system"} if config == "system_fence" else CONFIGS[config]
+    topo = pools.run(world, env, "gpu_topology")
     for r, t in enumerate(topo):
         assert t == topo[0], topo
         assert len(t["devices"]) == world and len(set(t["devices"])) == 1 and t["devices"][0], t
         assert t["links"][r][r] == "self", t
         assert all(t["links"][a][b] == "same_gpu" for a in range(world) for b in range(world) if a != b), t
         assert t["transport"] == ("host_mapped" if config == "host_mapped" else "cuda_ipc"), t
+        assert t["fence"] == ["gpu" if config == "auto" else "system"], t
 
 
 @pytest.mark.parametrize("world", WORLDS)

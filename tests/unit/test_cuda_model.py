@@ -89,6 +89,9 @@ def test_samples_skip_failures_staged_auto_and_eager():
     r["memory"]["auto"] = "cuda_ipc"  # auto validates the fit; it is not fitted
     r["kernels"]["all_reduce:auto"] = "allreduce_one_shot_ll"
     r["all_reduce:auto:graph"] = 5.0
+    r["memory"]["ll_system_fence"] = "cuda_ipc"  # a comparison run with other settings: not fitted
+    r["kernels"]["all_reduce:ll_system_fence"] = "allreduce_one_shot_ll"
+    r["all_reduce:ll_system_fence:graph"] = 6.0
     got = cuda_model.samples([r])
     assert len(got) == 9, got
     kinds = {(m, k) for m, k, *_ in got}
