@@ -1626,7 +1626,18 @@ def spawn_dead_rank(rank, world, port, victim=1, n=4, timeout_s=10, during=False
         later = None
     except Exception as e:
         later = _err(e)
-    return {"error": err, "elapsed": elapsed, "later": later, "pid": os.getpid()}
+    # an asynchronous op of the failed group: its Future, made only once the op is done, carries the error
+    w = dist.all_reduce(torch.ones(2), async_op=True)
+    try:
+        w.wait()
+    except Exception:  # noqa: BLE001  (the error itself is checked through the Future)
+        pass
+    try:
+        w.get_future().wait()
+        late_future = None
+    except Exception as e:
+        late_future = _err(e)
+    return {"error": err, "elapsed": elapsed, "later": later, "late_future": late_future, "pid": os.getpid()}
 
 
 def spawn_p2p_dead_peer(rank, world, port, any_source=False, timeout_s=10):

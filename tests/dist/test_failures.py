@@ -178,6 +178,8 @@ def test_dead_rank_is_named_quickly(world, n, during):
         assert "rank 1" in err["message"] and "exited" in err["message"], f"rank {o.rank}: {err['message']}"
         assert o.result["elapsed"] < timeout_s / 2, f"rank {o.rank} took {o.result['elapsed']:.1f} s"
         assert o.result["later"] is not None, f"rank {o.rank}: the failed group ran more work"
+        late = o.result["late_future"]
+        assert late is not None and "has failed" in late["message"], f"rank {o.rank}: {late}"
     _no_segments(outs)
 
 
