@@ -57,7 +57,7 @@ void StreamOrder::enter(const CudaOp& op) {
 }
 
 void StreamOrder::leave(std::shared_ptr<const CudaOp> op) {
-  if (!op->captured && op->end_recorded) last_ = std::move(op);
+  if (!op->captured) last_ = std::move(op);
 }
 
 void StreamOrder::drain() {
@@ -181,15 +181,13 @@ void CudaGroup::bind(const c10::Device& device) {
                     "; got a tensor on ", device, " (use one device per process and group)");
 }
 
-std::shared_ptr<CudaOp> CudaGroup::begin(const c10::Device& device) { return start(device, false); }
-
 std::shared_ptr<CudaOp> CudaGroup::beginCollective(const c10::Device& device, bool on_caller_stream) {
-  auto op = start(device, on_caller_stream);
+  auto op = begin(device, on_caller_stream);
   op->order = &order_;
   return op;
 }
 
-std::shared_ptr<CudaOp> CudaGroup::start(const c10::Device& device, bool on_caller_stream) {
+std::shared_ptr<CudaOp> CudaGroup::begin(const c10::Device& device, bool on_caller_stream) {
   bind(device);
   c10::cuda::CUDAGuard guard(device);  // an event is recorded on its own device
   c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device.index());

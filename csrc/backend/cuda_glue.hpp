@@ -134,7 +134,7 @@ class StreamOrder {
  public:
   /// Before a collective's GPU work on op.stream.
   void enter(const CudaOp& op);
-  /// After it (op's `end` recorded).
+  /// After it, once op's `end` is recorded.
   void leave(std::shared_ptr<const CudaOp> op);
   /// At the group's end: waits until the GPU has passed the last collective.
   void drain();
@@ -182,11 +182,11 @@ class CudaGroup {
   ~CudaGroup();
 
   /// At issue, on the caller's thread: a CUDA operation on `device`, its ready event recorded
-  /// on the current stream. The first call binds the group to the device.
-  std::shared_ptr<CudaOp> begin(const c10::Device& device);
-  /// The same for a collective, ordered with the group's others (Note [Stream order]); with
-  /// on_caller_stream, it runs on the caller's current stream instead (Note [Synchronous CUDA
-  /// calls]) and records no event.
+  /// on the current stream; with on_caller_stream, it runs on the caller's current stream
+  /// instead and records no ready event (Note [Synchronous CUDA calls]). The first call binds
+  /// the group to the device.
+  std::shared_ptr<CudaOp> begin(const c10::Device& device, bool on_caller_stream = false);
+  /// The same for a collective, ordered with the group's others (Note [Stream order]).
   std::shared_ptr<CudaOp> beginCollective(const c10::Device& device, bool on_caller_stream);
 
   /// Whether an all_reduce may run as a direct kernel, decided from the call alone (the same on
@@ -239,7 +239,6 @@ class CudaGroup {
   GpuTopology topology() const;
 
  private:
-  std::shared_ptr<CudaOp> start(const c10::Device& device, bool on_caller_stream);
   bool setUpIpc();
   /// One attempt to set up NVSHMEM and its transport with every rank; false (nvs_why_ says why) if
   /// any rank failed.
