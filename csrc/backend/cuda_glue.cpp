@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "common/pci.h"
 #include "cuda/nvshmem.h"
+#include "exec/device_schedule.h"
 
 namespace tilecomm::backend {
 
@@ -136,6 +137,13 @@ CudaGroup::CudaGroup(int rank, int world, c10::intrusive_ptr<c10d::Store> store,
 
 CudaGroup::~CudaGroup() {
   releasePeers();
+  if (!programs_.empty()) {  // the stream is idle (releasePeers); errors ignored at exit
+    int prev = 0;
+    if (cudaGetDevice(&prev) == cudaSuccess && cudaSetDevice(device_->index()) == cudaSuccess) {
+      for (auto& [key, p] : programs_) cuda::freeProgram(p);
+      cudaSetDevice(prev);
+    }
+  }
   // NOTE: after the peers are released (their last kernels may rely on the watchdog to stop
   // waiting), and on every path (a joinable std::thread must not be destroyed).
   if (watcher_.joinable()) {
@@ -204,6 +212,7 @@ std::shared_ptr<CudaOp> CudaGroup::begin(const c10::Device& device, bool on_call
 namespace {
 constexpr int kLastAllGatherLL = 100;  // last_kernel_ after an LL all_gather
 constexpr int kLastBlocks = 200;       // + BlockAlgo: after an NVSHMEM all_gather or reduce_scatter
+constexpr int kLastSchedule = 1000;    // + algorithm id: after the schedule executor
 
 // NVSHMEM's collective calls (init, heap allocations) of this process, one group at a time: the
 // groups' tasks run on different threads (Note [NVSHMEM lifetime]).
@@ -223,7 +232,8 @@ uint64_t CudaGroup::llLimit() const {
 }
 
 bool CudaGroup::directEligible(uint64_t nbytes, DType dtype, RedOp op) const {
-  if (settings_.allreduce == "staged" || settings_.allreduce == "nvshmem_two_shot" || nbytes == 0 ||
+  if (settings_.allreduce == "staged" || settings_.allreduce == "nvshmem_two_shot" ||
+      settings_.allreduce == "scheduled" || nbytes == 0 ||
       world_ > cuda::kMaxRanks || !cuda::directSupports(dtype, op))
     return false;
   // No peer transport without staging buffers; larger messages run in buffer-sized pieces.
@@ -269,8 +279,19 @@ std::optional<cuda::BlockAlgo> CudaGroup::allReduceBlocks(uint64_t nbytes, DType
   return cuda::BlockAlgo::kAllReduceTwoShot;
 }
 
+bool CudaGroup::scheduleEligible(Coll coll, DType dtype, RedOp op) const {
+  if (coll == Coll::kAllReduce && (settings_.allreduce == "staged" || settings_.allreduce == "nvshmem_two_shot"))
+    return false;
+  return settings_.ipc_bytes > 0 && world_ <= cuda::kMaxRanks && cuda::scheduleSupports(dtype, op);
+}
+
 std::string CudaGroup::lastKernel() const {  // "" after a staged operation
   const int last = last_kernel_.load();
+  if (last >= kLastSchedule) {
+    auto it = engine_ ? engine_->algorithms().find(static_cast<uint16_t>(last - kLastSchedule))
+                      : std::map<uint16_t, exec::Algorithm>::const_iterator();
+    return engine_ && it != engine_->algorithms().end() ? "schedule:" + it->second.name : "schedule";
+  }
   if (last >= kLastBlocks) return cuda::blockAlgoName(static_cast<cuda::BlockAlgo>(last - kLastBlocks));
   switch (last) {
     case static_cast<int>(cuda::DirectAlgo::kOneShot): return "allreduce_one_shot";
@@ -331,6 +352,7 @@ bool CudaGroup::setUpIpc() {
   for (cuda::PeerMemory m : kinds) {
     if (!tryMemory(m)) continue;
     ipc_->setOneGpu(one_gpu && settings_.fence == "auto");  // the same on every rank
+    setUpPrograms();
     topo_.transport = cuda::peerMemoryName(m);
     startWatchdog();
     return true;
@@ -366,6 +388,63 @@ bool CudaGroup::tryMemory(cuda::PeerMemory m) {
   }
   ipc_->unlinkOwn();  // every peer has opened it
   return true;
+}
+
+void CudaGroup::setUpPrograms() {
+  // An algorithm runs on the executor only where every rank's programs (every root) can be walked:
+  // each rank lists its own, and the ranks agree through the Store on the ids all listed.
+  std::map<uint16_t, std::vector<std::pair<int, exec::DeviceProgram>>> mine;
+  std::string ids;
+  for (const auto& [id, algo] : engine_ ? engine_->algorithms() : std::map<uint16_t, exec::Algorithm>{}) {
+    if (algo.direct) continue;
+    std::vector<std::pair<int, exec::DeviceProgram>> progs;
+    for (int root = algo.rooted ? 0 : -1; root < (algo.rooted ? world_ : 0); ++root) {
+      std::optional<exec::DeviceProgram> p = exec::deviceProgram(algo, rank_, world_, root, nullptr);
+      if (!p) break;
+      progs.emplace_back(root, std::move(*p));
+    }
+    if (progs.size() != (algo.rooted ? static_cast<size_t>(world_) : 1u)) continue;
+    mine[id] = std::move(progs);
+    ids += std::to_string(id) + ",";
+  }
+  const std::string key = prefix_ + "cuda_peers/programs/";
+  store_->set(key + std::to_string(rank_), toBytes(ids));
+  std::map<uint16_t, int> listed;
+  for (int r = 0; r < world_; ++r) {
+    const std::string v = fromBytes(store_->get(key + std::to_string(r)));
+    for (size_t at = 0, comma; (comma = v.find(',', at)) != std::string::npos; at = comma + 1)
+      ++listed[static_cast<uint16_t>(std::stoi(v.substr(at, comma - at)))];
+  }
+  for (auto& [id, progs] : mine) {
+    if (listed[id] != world_) continue;
+    for (auto& [root, p] : progs) programs_[{id, root}] = cuda::uploadProgram(p);
+    const int coll = static_cast<int>(engine_->algorithms().at(id).coll);
+    if (!first_program_.count(coll)) first_program_[coll] = id;
+  }
+}
+
+void CudaGroup::runSchedule(CudaOp& op, Coll coll, uint16_t algo, int root, void* buf, uint64_t count, uint32_t elem,
+                            DType dtype, RedOp rop, uint64_t desc_count, int64_t timeout_ms) {
+  const int key_root = engine_->algorithms().at(algo).rooted ? root : -1;
+  auto it = programs_.find({algo, key_root});
+  if (it == programs_.end()) {  // the table's choice has no program: the collective's first that has
+    auto first = first_program_.find(static_cast<int>(coll));
+    if (first == first_program_.end())
+      throw Error(ErrorKind::kInvalid, std::string("no algorithm of ") + collName(coll) +
+                                           " can run on the GPU's schedule executor");
+    algo = first->second;
+    it = programs_.find({algo, engine_->algorithms().at(algo).rooted ? root : -1});
+  }
+  // The call's name in every slot header: peers that called something else fail (Note [Schedule executor]).
+  uint64_t tag = 0x9e3779b97f4a7c15ull;
+  for (uint64_t v : {static_cast<uint64_t>(coll), static_cast<uint64_t>(algo), static_cast<uint64_t>(dtype),
+                     static_cast<uint64_t>(rop), static_cast<uint64_t>(root + 1), desc_count, count}) {
+    tag ^= v + 0x9e3779b97f4a7c15ull + (tag << 6) + (tag >> 2);
+  }
+  last_kernel_ = kLastSchedule + algo;
+  op.direct_launch = cuda::runSchedule(*ipc_, it->second, buf, count, elem, dtype, rop, tag, op.stream.stream(),
+                                       static_cast<uint64_t>(timeout_ms) * 1000000ull);
+  op.ipc = ipc_;
 }
 
 void CudaGroup::startWatchdog() {
@@ -564,7 +643,8 @@ std::string CudaGroup::status() const {
           : nvs_state_ == Ipc::kOff ? "off (" + nvs_why_ + ")"
           : settings_.nvshmem_lib.empty() ? "not offered (" + settings_.nvshmem_why + ")"
                                           : "unset") +
-         " in_place_calls=" + std::to_string(in_place_calls_.load());
+         " in_place_calls=" + std::to_string(in_place_calls_.load()) +
+         " programs=" + std::to_string(programs_.size());
 }
 
 GpuTopology CudaGroup::topology() const {

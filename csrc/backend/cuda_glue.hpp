@@ -63,12 +63,13 @@
 #include "cuda/allreduce.h"
 #include "cuda/blocks.h"
 #include "cuda/peer_transport.h"
+#include "cuda/schedule_executor.h"
 
 namespace tilecomm::backend {
 
 /// The group's CUDA settings (rank 0's values, like every setting).
 struct CudaSettings {
-  std::string allreduce = "auto";  // auto | one_shot | two_shot | staged | nvshmem_two_shot
+  std::string allreduce = "auto";  // auto | one_shot | two_shot | scheduled | staged | nvshmem_two_shot
   uint64_t ipc_bytes = 4u << 20;   // largest all_reduce run by a direct kernel (per staging buffer)
   int64_t timeout_ms = 30 * 60 * 1000;   // the group's timeout
   std::string proto = "auto";            // auto | ll | simple
@@ -227,6 +228,20 @@ class CudaGroup {
   void allReduceDirect(CudaOp& op, at::Tensor& t, DType dtype, RedOp rop, int64_t timeout_ms);
   /// In a task, inside CudaOp::run: enqueues an LL all_gather of `in` into outs[q] (one per rank).
   void allGatherDirect(CudaOp& op, const at::Tensor& in, const std::vector<void*>& outs, int64_t timeout_ms);
+  /// The group's engine, whose scheduled algorithms the schedule executor runs (set once, before
+  /// the first call).
+  void setEngine(std::shared_ptr<exec::Engine> engine) { engine_ = std::move(engine); }
+  /// At issue: whether a collective's body may run its schedule on the GPU (Note [Schedule
+  /// executor] in cuda/schedule_executor.h), decided from the call alone (the same on every rank):
+  /// a peer transport is possible, and the executor moves (op kNone) or reduces dtype with op.
+  /// all_reduce only where TILECOMM_CUDA_ALLREDUCE is not staged or nvshmem_two_shot.
+  bool scheduleEligible(Coll coll, DType dtype, RedOp op) const;
+  /// In a task, inside CudaOp::run, after directReady: enqueues the schedule of `algo` (the
+  /// decision table's choice; where it has no schedule the executor can walk, the collective's
+  /// first algorithm that has one) over count elements of elem bytes at buf (rooted: for root).
+  /// desc_count is what must agree across ranks (CollDesc::count): peers check it.
+  void runSchedule(CudaOp& op, Coll coll, uint16_t algo, int root, void* buf, uint64_t count, uint32_t elem,
+                   DType dtype, RedOp rop, uint64_t desc_count, int64_t timeout_ms);
   /// In a task, inside CudaOp::run: body over pinned host copies of the tensors (reads are
   /// copied in first; writes are copied back once body returned).
   void runStaged(const std::vector<at::Tensor>& reads, const std::vector<at::Tensor>& writes,
@@ -256,6 +271,9 @@ class CudaGroup {
   uint64_t llLimit() const;
   /// The kernel of an all_reduce of nbytes over the group's peer memory (transport up).
   cuda::DirectAlgo allReduceAlgo(uint64_t nbytes) const;
+  /// After the peer transport is up: every rank's programs of the algorithms that every rank's
+  /// executor can walk (agreed through the Store), in device memory.
+  void setUpPrograms();
 
   int rank_;
   int world_;
@@ -282,6 +300,11 @@ class CudaGroup {
   bool nvs_direct_ = false;  // kernel stores (every rank has every peer address), else put-with-signal
   std::shared_ptr<cuda::PeerTransport> nvs_;  // assigned under watch_mu_ (the watchdog reads it)
   std::atomic<uint64_t> in_place_calls_{0};   // NVSHMEM calls whose input peers read, or whose output they write, in place
+
+  std::shared_ptr<exec::Engine> engine_;
+  // The executor's programs, by (algorithm id, root; -1 when not rooted); set up with the transport.
+  std::map<std::pair<uint16_t, int>, cuda::DeviceProgram> programs_;
+  std::map<int, uint16_t> first_program_;  // Coll -> its first algorithm with programs
 
   PeerWatch watch_;  // Note [GPU watchdog]
   std::mutex watch_mu_;

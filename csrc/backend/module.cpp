@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "common/pci.h"
 #include "kernels/reduce.h"
+#include "exec/device_schedule.h"
 #include "exec/fuzz.h"
 #include "transport/tcp.h"
 
@@ -237,6 +238,25 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("interface_address", [](const std::string& ifname) {
     return translate([&] { return transport::interfaceAddress(ifname); });
+  });
+
+  // One rank's program for the GPU's schedule executor (exec/device_schedule.h), for tests: its
+  // lanes, rounds and steps, or a ValueError saying why the executor cannot walk the schedule.
+  m.def("device_program", [](const std::string& name, bool rooted,
+                             const std::vector<std::pair<uint32_t, std::vector<PyRound>>>& schedules, int rank,
+                             int world, int root) {
+    exec::Algorithm a;
+    a.name = name;
+    a.rooted = rooted;
+    for (const auto& [nchunks, rounds] : schedules) a.schedules.push_back(toSchedule(nchunks, rounds));
+    std::string why;
+    std::optional<exec::DeviceProgram> p = exec::deviceProgram(a, rank, world, root, &why);
+    if (!p) throw py::value_error(why);
+    py::dict d;
+    d["lanes"] = p->lanes;
+    d["rounds"] = p->round_end.size();
+    d["steps"] = p->steps.size();
+    return d;
   });
 
   // dst = op(dst, src), element-wise; exposed so tests can check the kernels directly.

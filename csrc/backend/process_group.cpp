@@ -248,16 +248,25 @@ void TilecommWork::completeFuture(c10::ivalue::Future& future) {
 ProcessGroupTilecomm::ProcessGroupTilecomm(std::shared_ptr<exec::Engine> engine, int64_t timeout_ms)
     : c10d::Backend(engine->rank(), engine->world()), engine_(std::move(engine)), timeout_ms_(timeout_ms) {}
 
+void ProcessGroupTilecomm::setCuda(std::shared_ptr<CudaGroup> cuda) {
+  cuda_ = std::move(cuda);
+#ifdef TILECOMM_WITH_CUDA
+  if (cuda_) cuda_->setEngine(engine_);
+#endif
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::launch(c10d::OpType type, bool async,
                                                           std::vector<at::Tensor> outputs,
                                                           std::vector<at::Tensor> reads,
-                                                          std::vector<at::Tensor> writes, Body body, Direct direct) {
+                                                          std::vector<at::Tensor> writes, Body body, Direct direct,
+                                                          bool on_device) {
   // A CUDA call's extra state (Note [CUDA streams]); null for CPU calls, which keep
   // their inputs alive through the Work (their outputs are its result).
   struct CudaCall {
     std::shared_ptr<CudaOp> op;
     std::vector<at::Tensor> reads, writes, keep;
     Direct direct;
+    bool on_device = false;
   };
   std::shared_ptr<CudaCall> cc;
 #ifdef TILECOMM_WITH_CUDA
@@ -272,18 +281,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::launch(c10d::OpType type, b
     cc = std::make_shared<CudaCall>();
     // Note [Synchronous CUDA calls]: a synchronous call that may run as a kernel runs on the
     // caller's stream; otherwise the ready event is recorded on it.
-    cc->op = cuda_->beginCollective(first->device(), !async && direct);
-    TORCH_CHECK_VALUE(!cc->op->captured || direct, "tilecomm: ", c10d::opTypeToString(type),
+    cc->op = cuda_->beginCollective(first->device(), !async && (direct || on_device));
+    TORCH_CHECK_VALUE(!cc->op->captured || direct || on_device, "tilecomm: ", c10d::opTypeToString(type),
                       " on CUDA tensors cannot be captured in a CUDA graph: it runs staged through host memory "
-                      "(only all_reduce and all_gather that run as direct kernels can; see TILECOMM_PROTO)");
+                      "(all_to_all, point-to-point, complex reductions, and groups without a GPU peer transport "
+                      "are staged)");
     cc->keep = reads;
     cc->keep.insert(cc->keep.end(), writes.begin(), writes.end());
     cc->reads = std::move(reads);
     cc->writes = std::move(writes);
     cc->direct = std::move(direct);
+    cc->on_device = on_device;
   }
 #else
-  (void)writes, (void)direct;
+  (void)writes, (void)direct, (void)on_device;
 #endif
   auto work = c10::make_intrusive<TilecommWork>(rank_, type, std::move(outputs), cc ? cc->keep : std::move(reads),
                                                 cc ? cc->op : nullptr);
@@ -292,10 +303,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::launch(c10d::OpType type, b
   task.run = [this, result, cc, body = std::move(body)]() {
     std::string failed = engine_->failure();
 #ifdef TILECOMM_WITH_CUDA
-    if (failed.empty() && cc) {
-      failed = cuda_->failure();  // a direct kernel that timed out fails the group
+    // A kernel of this rank that failed on the GPU fails the group, for CPU calls too, and tells the
+    // peers; a peer's failure reaches calls that never wait on the CPU engine (direct kernels).
+    if (failed.empty() && cuda_) {
+      failed = cuda_->failure();
       if (!failed.empty()) engine_->fail(failed, true);
     }
+    if (failed.empty() && cc) failed = engine_->peerFailure();
 #endif
     if (!failed.empty()) {
       *result = failedGroup(failed);
@@ -305,7 +319,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::launch(c10d::OpType type, b
 #ifdef TILECOMM_WITH_CUDA
       if (cc) {
         cc->op->run(cc->keep, [&] {
-          if (!(cc->direct && cc->direct(*cc->op))) cuda_->runStaged(cc->reads, cc->writes, body);
+          if (cc->direct && cc->direct(*cc->op)) return;
+          // NOTE: directReady gives the same answer on every rank.
+          if (cc->on_device && cuda_->directReady(*cc->op)) return body(Host(cc->op.get()));
+          cuda_->runStaged(cc->reads, cc->writes, body);
         });
         return;
       }
@@ -344,20 +361,51 @@ void premultiply(at::Tensor& t, const c10d::ReduceOp& op) {
 }
 }  // namespace
 
-void ProcessGroupTilecomm::reduceOver(Coll coll, at::Tensor& t, const c10d::ReduceOp& op, int root,
+void ProcessGroupTilecomm::reduceOver(const Host& h, Coll coll, at::Tensor& t, const c10d::ReduceOp& op, int root,
                                       uint64_t desc_count, int64_t timeout_ms) {
   premultiply(t, op);
-  uint64_t nbytes = t.nbytes();
-  engine_->run(exec::CollCall{coll, engine_->pick(coll, nbytes), bytes(t), static_cast<uint64_t>(t.numel()),
-                              *toDType(t.scalar_type()), engineOp(op), root, desc_count, timeout_ms});
+  const uint64_t nbytes = t.nbytes();
+  const DType dtype = *toDType(t.scalar_type());
+#ifdef TILECOMM_WITH_CUDA
+  if (h.cudaOp()) {
+    cuda_->runSchedule(*h.cudaOp(), coll, engine_->pick(coll, nbytes), root, t.data_ptr(), t.numel(),
+                       static_cast<uint32_t>(t.element_size()), dtype, engineOp(op), desc_count, timeout_ms);
+    return;
+  }
+#else
+  (void)h;
+#endif
+  engine_->run(exec::CollCall{coll, engine_->pick(coll, nbytes), bytes(t), static_cast<uint64_t>(t.numel()), dtype,
+                              engineOp(op), root, desc_count, timeout_ms});
 }
 
-void ProcessGroupTilecomm::move(Coll coll, at::Tensor& t, int root, uint64_t desc_count, int64_t timeout_ms) {
+void ProcessGroupTilecomm::move(const Host& h, Coll coll, at::Tensor& t, int root, uint64_t desc_count,
+                                int64_t timeout_ms) {
   auto dt = toDType(t.scalar_type());
   DType d = dt.value_or(DType::kBytes);
   uint64_t count = dt ? t.numel() : t.nbytes();
+#ifdef TILECOMM_WITH_CUDA
+  if (h.cudaOp()) {
+    cuda_->runSchedule(*h.cudaOp(), coll, engine_->pick(coll, t.nbytes()), root, t.data_ptr(), count,
+                       static_cast<uint32_t>(dt ? t.element_size() : 1), d, RedOp::kNone, desc_count, timeout_ms);
+    return;
+  }
+#else
+  (void)h;
+#endif
   engine_->run(exec::CollCall{coll, engine_->pick(coll, t.nbytes()), bytes(t), count, d, RedOp::kNone, root,
                               desc_count, timeout_ms});
+}
+
+bool ProcessGroupTilecomm::onDevice(Coll coll, const at::Tensor& t, RedOp op) const {
+#ifdef TILECOMM_WITH_CUDA
+  if (!cuda_ || !t.is_cuda()) return false;
+  auto dt = toDType(t.scalar_type());
+  return (dt || op == RedOp::kNone) && cuda_->scheduleEligible(coll, dt.value_or(DType::kBytes), op);
+#else
+  (void)coll, (void)t, (void)op;
+  return false;
+#endif
 }
 
 namespace {
@@ -366,11 +414,14 @@ void finishAverage(at::Tensor& t, const c10d::ReduceOp& op, int size) {
   if (op.op_ != c10d::ReduceOp::AVG) return;
   if (at::isIntegralType(t.scalar_type(), /*includeBool=*/false)) {
     t.div_(size, "trunc");
-  } else if (t.is_complex()) {
-    at::view_as_real(t).div_(size);  // per component, correctly rounded (complex division is not)
-  } else {
-    t.div_(size);
+    return;
   }
+  at::Tensor v = t.is_complex() ? at::view_as_real(t) : t;  // complex: per component (complex division is not
+                                                           // correctly rounded)
+  // NOTE: on CUDA, division by a host scalar multiplies by its reciprocal, which is off by one ulp
+  // where 1 / size is inexact (3 ranks); a divisor on the device divides, correctly rounded as on the CPU.
+  if (v.is_cuda()) v.div_(at::scalar_tensor(size, v.options()));
+  else v.div_(size);
 }
 }  // namespace
 
@@ -538,9 +589,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::allreduce(std::vector<at::T
   Direct direct = t.is_cuda() ? directAllReduce(t, dtype, op, timeout) : nullptr;
   return launch(c10d::OpType::ALLREDUCE, opts.asyncOp, {t}, {t}, {t}, [=](const Host& h) {
     at::Tensor x = h(t);
-    reduceOver(Coll::kAllReduce, x, op, -1, x.numel(), timeout);
+    reduceOver(h, Coll::kAllReduce, x, op, -1, x.numel(), timeout);
     finishAverage(x, op, size_);
-  }, std::move(direct));
+  }, std::move(direct), onDevice(Coll::kAllReduce, t, engineOp(op)));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::allreduce_coalesced(std::vector<at::Tensor>& tensors,
@@ -557,14 +608,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::allreduce_coalesced(std::ve
     std::vector<at::Tensor> flat;
     for (auto& t : ts) flat.push_back(h(t).reshape({-1}));
     at::Tensor buf = at::cat(flat);
-    reduceOver(Coll::kAllReduce, buf, op, -1, buf.numel(), timeout);
+    reduceOver(h, Coll::kAllReduce, buf, op, -1, buf.numel(), timeout);
     finishAverage(buf, op, size_);
     int64_t off = 0;
     for (auto& t : ts) {
       h(t).view({-1}).copy_(buf.narrow(0, off, t.numel()));
       off += t.numel();
     }
-  });
+  }, nullptr, onDevice(Coll::kAllReduce, ts[0], engineOp(op)));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::broadcast(std::vector<at::Tensor>& tensors,
@@ -577,8 +628,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::broadcast(std::vector<at::T
   if (rank_ != root) writes.push_back(t);  // the root's tensor is only read
   return launch(c10d::OpType::BROADCAST, opts.asyncOp, {t}, {t}, writes, [=](const Host& h) {
     at::Tensor x = h(t);
-    move(Coll::kBroadcast, x, root, x.numel(), timeout);
-  });
+    move(h, Coll::kBroadcast, x, root, x.numel(), timeout);
+  }, nullptr, onDevice(Coll::kBroadcast, t, RedOp::kNone));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::reduce(std::vector<at::Tensor>& tensors,
@@ -595,9 +646,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::reduce(std::vector<at::Tens
     // Only the root's tensor changes; other ranks reduce in a scratch copy.
     at::Tensor x = h(t);
     at::Tensor buf = rank_ == root ? x : x.clone();
-    reduceOver(Coll::kReduce, buf, op, root, t.numel(), timeout);
+    reduceOver(h, Coll::kReduce, buf, op, root, t.numel(), timeout);
     if (rank_ == root) finishAverage(x, op, size_);
-  });
+  }, nullptr, onDevice(Coll::kReduce, t, engineOp(op)));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::_allgather_base(at::Tensor& output, at::Tensor& input,
@@ -620,8 +671,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::_allgather_base(at::Tensor&
   return launch(c10d::OpType::_ALLGATHER_BASE, opts.asyncOp, {out}, {in}, {out}, [=](const Host& h) {
     at::Tensor flat = h(out).view({-1});
     flat.narrow(0, rank_ * in.numel(), in.numel()).copy_(h(in).view({-1}));
-    move(Coll::kAllGather, flat, -1, in.numel(), timeout);
-  }, std::move(direct));
+    move(h, Coll::kAllGather, flat, -1, in.numel(), timeout);
+  }, std::move(direct), onDevice(Coll::kAllGather, in, RedOp::kNone));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -641,9 +692,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::allgather(std::vector<std::
     at::Tensor x = h(in);
     at::Tensor buf = at::empty({size_ * in.numel()}, x.options());
     buf.narrow(0, rank_ * in.numel(), in.numel()).copy_(x.view({-1}));
-    move(Coll::kAllGather, buf, -1, in.numel(), timeout);
+    move(h, Coll::kAllGather, buf, -1, in.numel(), timeout);
     for (int r = 0; r < size_; ++r) h(outs[r]).view({-1}).copy_(buf.narrow(0, r * in.numel(), in.numel()));
-  }, std::move(direct));
+  }, std::move(direct), onDevice(Coll::kAllGather, in, RedOp::kNone));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::allgather_coalesced(
@@ -691,11 +742,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::_reduce_scatter_base(at::Te
   Direct direct = in.is_cuda() ? directReduceScatter({in}, true, out, dtype, op, timeout) : nullptr;
   return launch(c10d::OpType::_REDUCE_SCATTER_BASE, opts.asyncOp, {out}, {in}, {out}, [=](const Host& h) {
     at::Tensor buf = h(in).reshape({-1}).clone();
-    reduceOver(Coll::kReduceScatter, buf, op, -1, out.numel(), timeout);
+    reduceOver(h, Coll::kReduceScatter, buf, op, -1, out.numel(), timeout);
     at::Tensor o = h(out);
     o.view({-1}).copy_(buf.narrow(0, rank_ * out.numel(), out.numel()));
     finishAverage(o, op, size_);
-  }, std::move(direct));
+  }, std::move(direct), onDevice(Coll::kReduceScatter, out, engineOp(op)));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -715,11 +766,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::reduce_scatter(std::vector<
     std::vector<at::Tensor> flat;
     for (auto& t : ins) flat.push_back(h(t).reshape({-1}));
     at::Tensor buf = at::cat(flat);
-    reduceOver(Coll::kReduceScatter, buf, op, -1, out.numel(), timeout);
+    reduceOver(h, Coll::kReduceScatter, buf, op, -1, out.numel(), timeout);
     at::Tensor o = h(out);
     o.view({-1}).copy_(buf.narrow(0, rank_ * out.numel(), out.numel()));
     finishAverage(o, op, size_);
-  }, std::move(direct));
+  }, std::move(direct), onDevice(Coll::kReduceScatter, out, engineOp(op)));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::reduce_scatter_tensor_coalesced(
@@ -757,10 +808,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::gather(std::vector<std::vec
     at::Tensor x = h(in);
     at::Tensor buf = at::empty({size_ * n}, x.options());
     buf.narrow(0, v * n, n).copy_(x.view({-1}));
-    move(Coll::kGather, buf, root, n, timeout);
+    move(h, Coll::kGather, buf, root, n, timeout);
     if (rank_ == root)
       for (int u = 0; u < size_; ++u) h(outs[(u + root) % size_]).view({-1}).copy_(buf.narrow(0, u * n, n));
-  });
+  }, nullptr, onDevice(Coll::kGather, in, RedOp::kNone));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::scatter(std::vector<at::Tensor>& outputs,
@@ -787,9 +838,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::scatter(std::vector<at::Ten
     at::Tensor buf = at::empty({size_ * n}, o.options());
     if (rank_ == root)
       for (int u = 0; u < size_; ++u) buf.narrow(0, u * n, n).copy_(h(ins[(u + root) % size_]).view({-1}));
-    move(Coll::kScatter, buf, root, n, timeout);
+    move(h, Coll::kScatter, buf, root, n, timeout);
     o.view({-1}).copy_(buf.narrow(0, v * n, n));
-  });
+  }, nullptr, onDevice(Coll::kScatter, out, RedOp::kNone));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::alltoall_base(at::Tensor& output, at::Tensor& input,

@@ -28,9 +28,12 @@ struct GpuTopology;
 using PeerWatch = std::function<std::vector<std::pair<int, std::string>>()>;
 
 /// Maps a call's tensors to the ones its body works on: the tensors themselves
-/// (CPU), or pinned host copies (CUDA tensors on the staged path).
+/// (CPU, and CUDA tensors whose schedule runs on the GPU: cudaOp() is then the
+/// operation), or pinned host copies (CUDA tensors on the staged path).
 class Host {
  public:
+  explicit Host(CudaOp* op = nullptr) : op_(op) {}
+  CudaOp* cudaOp() const { return op_; }
   at::Tensor operator()(const at::Tensor& t) const {
     for (const auto& [impl, h] : twins_)
       if (impl == t.unsafeGetTensorImpl()) return h;
@@ -45,6 +48,7 @@ class Host {
 
  private:
   std::vector<std::pair<c10::TensorImpl*, at::Tensor>> twins_;
+  CudaOp* op_;
 };
 
 class TilecommWork : public c10d::Work {
@@ -129,7 +133,7 @@ class ProcessGroupTilecomm : public c10d::Backend {
 
   exec::Engine& engine() { return *engine_; }
   /// Enables CUDA tensors (CUDA builds): the Store and key prefix of the group's set-up, and its settings.
-  void setCuda(std::shared_ptr<CudaGroup> cuda) { cuda_ = std::move(cuda); }
+  void setCuda(std::shared_ptr<CudaGroup> cuda);
   /// The CUDA side's state, for tests and debugging ("" before setCuda).
   std::string cudaStatus() const;
 #ifdef TILECOMM_WITH_CUDA
@@ -151,9 +155,14 @@ class ProcessGroupTilecomm : public c10d::Backend {
   /// The one generic path of every collective (c10d's collective() habit). `outputs` are the
   /// Work's result; `reads` and `writes` are the tensors the body reads and writes (all on one
   /// device; CUDA ones are staged, Note [CUDA streams]).
+  /// on_device: the body may run on CUDA tensors themselves, its schedule on the GPU (Note
+  /// [Schedule executor] in cuda/schedule_executor.h) where the peer transport is up; decided at
+  /// issue from the call alone (onDevice).
   c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, bool async, std::vector<at::Tensor> outputs,
                                         std::vector<at::Tensor> reads, std::vector<at::Tensor> writes, Body body,
-                                        Direct direct = nullptr);
+                                        Direct direct = nullptr, bool on_device = false);
+  /// Whether a collective over CUDA tensor t may run its schedule on the GPU (op kNone: data movement).
+  bool onDevice(Coll coll, const at::Tensor& t, RedOp op) const;
   /// all_reduce of a CUDA tensor by a direct kernel, when the call qualifies (else null).
   Direct directAllReduce(const at::Tensor& t, DType dtype, const c10d::ReduceOp& op, int64_t timeout_ms);
   /// all_gather of a CUDA tensor by a direct kernel (NVSHMEM, or LL) into outs (one per rank), when it
@@ -164,10 +173,12 @@ class ProcessGroupTilecomm : public c10d::Backend {
   Direct directReduceScatter(std::vector<at::Tensor> ins, bool contiguous, const at::Tensor& out, DType dtype,
                              const c10d::ReduceOp& op, int64_t timeout_ms);
   c10::intrusive_ptr<c10d::Work> pointToPoint(c10d::OpType type, at::Tensor& t, int peer, int tag);
-  /// Runs an in-place reducing schedule over t (all_reduce, reduce, reduce_scatter).
-  void reduceOver(Coll coll, at::Tensor& t, const c10d::ReduceOp& op, int root, uint64_t desc_count,
+  /// Runs an in-place reducing schedule over t (all_reduce, reduce, reduce_scatter): on the CPU
+  /// engine, or, for a CUDA tensor (h.cudaOp() set), on the GPU's schedule executor.
+  void reduceOver(const Host& h, Coll coll, at::Tensor& t, const c10d::ReduceOp& op, int root, uint64_t desc_count,
                   int64_t timeout_ms);
-  void move(Coll coll, at::Tensor& t, int root, uint64_t desc_count, int64_t timeout_ms);
+  /// The same for a data-moving schedule (broadcast, all_gather, gather, scatter).
+  void move(const Host& h, Coll coll, at::Tensor& t, int root, uint64_t desc_count, int64_t timeout_ms);
 
   std::shared_ptr<exec::Engine> engine_;
   int64_t timeout_ms_;

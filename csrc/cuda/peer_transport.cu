@@ -50,7 +50,10 @@ PeerTransport::PeerTransport(PeerMemory memory, int rank, int world, int device,
       world_(world),
       device_(device),
       capacity_((capacity + 255) / 256 * 256),
-      ll_capacity_((ll_capacity + 255) / 256 * 256) {
+      ll_capacity_((ll_capacity + 255) / 256 * 256),
+      sched_offset_(memory == PeerMemory::kNvshmem
+                        ? 0
+                        : kFlagBytes + 2 * capacity_ + 2 * static_cast<uint64_t>(world) * 2 * ll_capacity_) {
   if (world > kMaxRanks)
     throw Error(ErrorKind::kInvalid, std::string(peerMemoryName(memory)) + " supports groups of at most " +
                                          std::to_string(kMaxRanks) + " ranks");
@@ -149,7 +152,8 @@ std::string PeerTransport::open(const std::vector<std::string>& handles) {
 }
 
 uint64_t PeerTransport::areaBytes() const {
-  return kFlagBytes + 2 * capacity_ + 2 * static_cast<uint64_t>(world_) * 2 * ll_capacity_;
+  const uint64_t base = kFlagBytes + 2 * capacity_ + 2 * static_cast<uint64_t>(world_) * 2 * ll_capacity_;
+  return sched_offset_ ? base + schedRegionBytes(world_) : base;
 }
 
 void PeerTransport::unlinkOwn() {
@@ -210,14 +214,17 @@ std::string PeerTransport::errorText() const {
   const volatile KernelError* e = err_host_;
   if (!e->ready) return "";
   static const char* kKinds[] = {"direct all_reduce", "LL all_reduce", "LL all_gather", "direct all_gather",
-                                 "direct reduce_scatter"};
-  const std::string what = std::string(e->kind >= 0 && e->kind < 5 ? kKinds[e->kind] : "direct call") + " #" +
+                                 "direct reduce_scatter", "scheduled collective"};
+  const std::string what = std::string(e->kind >= 0 && e->kind < 6 ? kKinds[e->kind] : "direct call") + " #" +
                            std::to_string(e->seq) + " (" + peerMemoryName(memory_) + ")";
   const std::string peer = std::to_string(e->peer);
   if (e->reason == static_cast<int>(WaitFailure::kPeerDied)) {
     std::lock_guard<std::mutex> lk(mu_);
     return "rank " + std::to_string(rank_) + " stopped waiting on the GPU in " + what + ": " + death_note_;
   }
+  if (e->reason == static_cast<int>(WaitFailure::kMismatch))
+    return "collective mismatch on the GPU: rank " + peer + " sent rank " + std::to_string(rank_) +
+           " data of another collective, size or algorithm in " + what;
   return "rank " + std::to_string(rank_) + " timed out on the GPU after " + std::to_string(e->waited_ns / 1000000) +
          " ms waiting for rank " + peer + " in " + what + "; rank " + peer +
          " did not arrive: it died, hangs, or called a different collective";

@@ -65,10 +65,14 @@ constexpr int kMemories = 3;
 const char* peerMemoryName(PeerMemory m);  // "cuda_ipc" | "host_mapped" | "nvshmem"
 
 /// What a direct kernel ran, for error messages.
-enum class KernelKind : int { kAllReduce = 0, kAllReduceLL, kAllGatherLL, kAllGather, kReduceScatter };
+enum class KernelKind : int { kAllReduce = 0, kAllReduceLL, kAllGatherLL, kAllGather, kReduceScatter, kSchedule };
 
 /// Why a kernel stopped waiting.
-enum class WaitFailure : int { kTimeout = 0, kPeerDied };
+enum class WaitFailure : int {
+  kTimeout = 0,
+  kPeerDied,
+  kMismatch,  // the schedule executor met a peer's slice of another call (Note [Schedule executor])
+};
 
 /// Written by a kernel whose wait failed (in mapped pinned host memory), and the host's
 /// watchdog word that makes waits give up (Note [GPU watchdog]).
@@ -132,6 +136,33 @@ __host__ __device__ inline char* llSlotOf(char* base, uint64_t capacity, uint64_
   return base + kFlagBytes + 2 * capacity + ((seq & 1) * world + slot) * 2 * ll_capacity;
 }
 
+// The schedule executor's region (Note [Schedule executor] in schedule_executor.h), after the LL
+// buffers of cuda_ipc and host_mapped areas: control words, then one FIFO of kSchedSlots slots
+// per (source rank, channel), each slot a header line and kSchedSlotBytes of data.
+constexpr int kSchedChannels = 8;
+constexpr int kSchedSlots = 4;
+constexpr uint64_t kSchedSlotBytes = 32u << 10;
+constexpr uint64_t kSchedHeaderBytes = 128;
+constexpr uint64_t kSchedSlotStride = kSchedHeaderBytes + kSchedSlotBytes;
+constexpr int kSchedLanes = 32;  // exec::kDeviceMaxLanes
+/// Control words (uint64 each): sent[src][c] (raised by src), freed[dst][c] (raised by dst),
+/// this rank's own counts of slices sent to and taken from each peer, lanes' progress, barrier.
+enum SchedWord : uint64_t {
+  kSchedSent = 0,
+  kSchedFreed = kSchedSent + kMaxRanks * kSchedChannels,
+  kSchedOwnSent = kSchedFreed + kMaxRanks * kSchedChannels,
+  kSchedOwnTaken = kSchedOwnSent + kMaxRanks * kSchedChannels,
+  kSchedProgress = kSchedOwnTaken + kMaxRanks * kSchedChannels,
+  kSchedBarrier = kSchedProgress + kSchedLanes * kSchedChannels,
+  kSchedBarrierBase = kSchedBarrier + 16,  // own 128-byte line
+  kSchedWords = kSchedBarrierBase + 16,
+};
+constexpr uint64_t kSchedControlBytes = 8192;
+static_assert(kSchedWords * sizeof(uint64_t) <= kSchedControlBytes, "executor control words must fit");
+__host__ __device__ inline uint64_t schedRegionBytes(int world) {
+  return kSchedControlBytes + static_cast<uint64_t>(world) * kSchedChannels * kSchedSlots * kSchedSlotStride;
+}
+
 // Note [GPU watchdog]: a peer that dies mid-kernel would leave the others'
 // kernels waiting until the group timeout (30 minutes by default). The host
 // watches the peers' processes (CudaGroup's watchdog thread) and, when one has
@@ -172,6 +203,8 @@ class PeerTransport {
   int world() const { return world_; }
   uint64_t capacity() const { return capacity_; }
   uint64_t llCapacity() const { return ll_capacity_; }
+  /// Where the schedule executor's region begins in every rank's area (0: none, nvshmem).
+  uint64_t schedOffset() const { return sched_offset_; }
   /// Thread blocks one rank's kernel may use (Note [Block budget]): the ranks' spinning kernels
   /// must all be resident at once when they share a GPU, so together they take at most one block
   /// per SM.
@@ -211,6 +244,7 @@ class PeerTransport {
   int device_;
   uint64_t capacity_;
   uint64_t ll_capacity_;
+  uint64_t sched_offset_ = 0;
   int block_budget_ = 1;
   bool one_gpu_ = false;
   uint64_t launches_ = 0;

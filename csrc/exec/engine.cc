@@ -223,6 +223,11 @@ std::string Engine::failure() const {
   return failure_;
 }
 
+std::string Engine::peerFailure() const {
+  const int a = tr_->abortedBy();
+  return a ? "rank " + std::to_string(a - 1) + " failed: " + tr_->peerError(a - 1) : std::string();
+}
+
 void Engine::fail(const std::string& msg, bool tell_peers) {
   {
     std::lock_guard<std::mutex> lk(mu_);

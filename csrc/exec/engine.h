@@ -69,6 +69,8 @@ class Engine {
 
   // ---- per call ----
   uint16_t pick(Coll coll, uint64_t nbytes) const;
+  /// Every registered algorithm, by id (set-up is over: read-only from here on).
+  const std::map<uint16_t, Algorithm>& algorithms() const { return algos_; }
   /// Runs a collective's schedule; call from inside a task (see submit/runNow).
   void run(const CollCall& call);
   /// All-to-all over explicit byte ranges (uneven splits) with algorithm `algo`;
@@ -93,6 +95,8 @@ class Engine {
 
   /// Non-empty once the group has failed; every later operation fails fast with it.
   std::string failure() const;
+  /// "rank r failed: why" once a peer told us the group failed, else "".
+  std::string peerFailure() const;
   /// Records a failure (first one wins) and, unless it came from a peer, tells every peer.
   void fail(const std::string& msg, bool tell_peers);
 

@@ -114,16 +114,19 @@ SETTINGS = [
         "auto",
         "How all_reduce runs on CUDA tensors (CUDA builds). `auto`: the direct `one_shot` kernel below "
         "`TILECOMM_CUDA_TWO_SHOT_BYTES`, the direct `two_shot` kernel from there (in pieces of "
-        "`TILECOMM_CUDA_IPC_BYTES` when larger); `one_shot` or `two_shot`: that kernel (in pieces); `staged`: "
+        "`TILECOMM_CUDA_IPC_BYTES` when larger); `one_shot` or `two_shot`: that kernel (in pieces); `scheduled`: "
+        "the decision table's scheduled algorithm (ring, tree, recursive_doubling, rabenseifner, hierarchical; "
+        "`TILECOMM_ALGO` forces one) walked on the GPU by the schedule executor; `staged`: "
         "through pinned host memory and the CPU engine; `nvshmem_two_shot`: the NVSHMEM two-shot kernel at every "
         "size, which reads and writes tensors made with `tilecomm.symmetric_empty` in place and "
         "stages others through its buffers (`TILECOMM_NVSHMEM_BYTES`); a CUDA call raises if NVSHMEM is not "
         "available, and types and operations the kernels do not reduce (complex, groups of over 16 ranks) are "
         "staged. Otherwise, below `TILECOMM_LL_BYTES` the LL kernel runs instead "
         "(see `TILECOMM_PROTO`). Groups whose ranks are not all in one shared-memory domain (TCP links) stage "
-        "every CUDA operation. Every other CUDA operation is staged, except all_gather (LL and NVSHMEM) and "
-        "reduce_scatter (NVSHMEM).",
-        ("auto", "one_shot", "two_shot", "staged", "nvshmem_two_shot"),
+        "every CUDA operation. broadcast, reduce, gather, scatter, all_reduce_coalesced, and all_gather and "
+        "reduce_scatter where no LL or NVSHMEM kernel runs them, run their scheduled algorithm (the decision "
+        "table's, or `TILECOMM_ALGO`'s) on the GPU's schedule executor; all_to_all and point-to-point are staged.",
+        ("auto", "one_shot", "two_shot", "scheduled", "staged", "nvshmem_two_shot"),
     ),
     Setting(
         "TILECOMM_CUDA_IPC_BYTES",

@@ -253,7 +253,7 @@ def allgather_matrix(rank, world, gloo, dtypes, sizes, expect_direct=None):
 def graph_replay(rank, world, gloo, replays, sizes=(1, 7, 1031, 65543)):
     """Several direct collectives captured in one CUDA graph and replayed with fresh inputs each time
     (the kernels take their sequence numbers from the device), eager calls in between; then a staged
-    operation under capture is a ValueError and the group stays usable."""
+    operation (all_to_all) under capture is a ValueError and the group stays usable."""
     d = dev()
     n_ag, n_list = 1031, 17
     ar = {n: torch.zeros(n, device=d) for n in sizes}  # float32 sum
@@ -317,8 +317,8 @@ def graph_replay(rank, world, gloo, replays, sizes=(1, 7, 1031, 65543)):
     staged = torch.cuda.CUDAGraph()
     try:
         with torch.cuda.graph(staged):
-            dist.broadcast(t, src=0)
-        check(False, "a staged broadcast was captured without an error")
+            dist.all_to_all_single(torch.empty(8 * world, device=d), torch.ones(8 * world, device=d))
+        check(False, "a staged all_to_all was captured without an error")
     except Exception as e:  # noqa: BLE001  (the ValueError, possibly chained by the capture's end)
         text = f"{e} {e.__context__}"
         check("cannot be captured" in text, f"unclear capture error: {type(e).__name__}: {text}")
@@ -907,3 +907,175 @@ def spawn_nvshmem(rank, world, port, configs, dtypes, ops, sizes, large=()):
     dist.destroy_process_group()
     finish()
     return report
+
+
+# ---------------------------------------------------------------- the schedule executor
+
+
+def _ran_schedule(what, want):
+    """The last CUDA call ran on the schedule executor, as algorithm `want` (None: any)."""
+    got = backend().cuda_last_kernel()
+    ok = got == f"schedule:{want}" if want else got.startswith("schedule:")
+    check(ok, f"{what}: ran {got!r}, expected schedule:{want or '...'}")
+
+
+def schedule_matrix(rank, world, gloo, dtypes, ops, sizes, algos):
+    """Every collective whose schedule the GPU's executor walks (Note [Schedule executor] in
+    csrc/cuda/schedule_executor.h), against the closed form, bitwise identical across ranks, and
+    run by the expected algorithm (algos: collective -> algorithm id; a missing one: any)."""
+    d = dev()
+    for name in dtypes:
+        dt = DTYPES[name]
+        for n in sizes:
+            x = [data(r, n, dt, "sum", salt=n % 7) for r in range(world)]
+            what = f"{name} n={n}"
+            for root in sorted({0, world - 1}):
+                t = (x[rank] if rank == root else torch.zeros(n, dtype=dt)).to(d)
+                dist.broadcast(t, src=root)
+                check_equal(t, x[root], f"broadcast root={root} {what}")
+                _ran_schedule(f"broadcast {what}", algos.get("broadcast"))
+            big = torch.empty(world * n, dtype=dt, device=d)
+            dist.all_gather_into_tensor(big, x[rank].to(d))
+            check_equal(big, torch.cat(x), f"all_gather_into_tensor {what}")
+            _ran_schedule(f"all_gather {what}", algos.get("all_gather"))
+            outs = [torch.full((n,), 1, dtype=dt, device=d) for _ in range(world)]
+            dist.all_gather(outs, x[rank].to(d))
+            for r in range(world):
+                check_equal(outs[r], x[r], f"all_gather [{r}] {what}")
+            root = world - 1
+            gl = [torch.empty(n, dtype=dt, device=d) for _ in range(world)] if rank == root else None
+            dist.gather(x[rank].to(d), gl, dst=root)
+            _ran_schedule(f"gather {what}", algos.get("gather"))
+            if rank == root:
+                for r in range(world):
+                    check_equal(gl[r], x[r], f"gather [{r}] {what}")
+            out = torch.empty(n, dtype=dt, device=d)
+            dist.scatter(out, [x[r].to(d) for r in range(world)] if rank == 0 else None, src=0)
+            check_equal(out, x[rank], f"scatter {what}")
+            _ran_schedule(f"scatter {what}", algos.get("scatter"))
+            for op in ops:
+                if not applicable(op, dt):
+                    continue
+                xs = [data(r, n, dt, op) for r in range(world)]
+                want = closed_form(world, n, dt, op)
+                ow = f"{op} {what}"
+                t = xs[rank].to(d)
+                dist.all_reduce(t, op=reduce_op(op))
+                check_equal(t, want, f"all_reduce {ow}")
+                identical(gloo, t, f"all_reduce {ow}")
+                _ran_schedule(f"all_reduce {ow}", algos.get("all_reduce"))
+                for root in sorted({0, world - 1}):
+                    t = xs[rank].to(d)
+                    dist.reduce(t, dst=root, op=reduce_op(op))
+                    check_equal(t, want if rank == root else xs[rank], f"reduce root={root} {ow}")
+                    _ran_schedule(f"reduce {ow}", algos.get("reduce"))
+                # rank r's block j is data(r, salt=j): block `rank` of the reduction is the output
+                blocks = torch.cat([data(rank, n, dt, op, salt=j) for j in range(world)]).to(d)
+                o = torch.full((n,), 1, dtype=dt, device=d)
+                dist.reduce_scatter_tensor(o, blocks, op=reduce_op(op))
+                check_equal(o, closed_form(world, n, dt, op, salt=rank), f"reduce_scatter_tensor {ow}")
+                _ran_schedule(f"reduce_scatter {ow}", algos.get("reduce_scatter"))
+                check_equal(blocks.cpu(), torch.cat([data(rank, n, dt, op, salt=j) for j in range(world)]),
+                            f"reduce_scatter_tensor {ow}: input unchanged")
+    if "float32" in dtypes and sizes:  # all_reduce_coalesced: one schedule over the tensors' concatenation
+        n = max(sizes)
+        ts = [data(rank, n, torch.float32, "sum").to(d), data(rank, 3, torch.float32, "sum", salt=1).to(d)]
+        dist.all_reduce_coalesced(ts)
+        check_equal(ts[0], closed_form(world, n, torch.float32, "sum"), "all_reduce_coalesced [0]")
+        check_equal(ts[1], closed_form(world, 3, torch.float32, "sum", salt=1), "all_reduce_coalesced [1]")
+    torch.cuda.synchronize()
+    st = backend().cuda_status()
+    check("direct=on" in st and "programs=0" not in st, f"executor not set up: {st}")
+    finish()
+    return st
+
+
+def schedule_graph(rank, world, gloo, replays):
+    """Collectives run by the schedule executor captured in one CUDA graph and replayed with fresh
+    inputs (the executor takes nothing per call from the host), eager calls between replays."""
+    d = dev()
+    n = 1031
+    ar = torch.zeros(n, device=d)
+    bc = torch.zeros(n, dtype=torch.int32, device=d)
+    rd = torch.zeros(n, dtype=torch.bfloat16, device=d)
+    ag_in = torch.zeros(n, dtype=torch.float16, device=d)
+    ag_out = torch.empty(world * n, dtype=torch.float16, device=d)
+    rs_in = torch.zeros(world * n, device=d)
+    rs_out = torch.empty(n, device=d)
+    root = world - 1
+
+    def fill(k):
+        ar.copy_(data(rank, n, torch.float32, "sum", salt=k))
+        bc.copy_(data(rank, n, torch.int32, "sum", salt=k))
+        rd.copy_(data(rank, n, torch.bfloat16, "max", salt=k))
+        ag_in.copy_(data(rank, n, torch.float16, "sum", salt=k))
+        rs_in.copy_(torch.cat([data(rank, n, torch.float32, "sum", salt=k + j) for j in range(world)]))
+
+    def body():
+        dist.all_reduce(ar)
+        dist.broadcast(bc, src=root)
+        dist.reduce(rd, dst=0, op=ReduceOp.MAX)
+        dist.all_gather_into_tensor(ag_out, ag_in)
+        dist.reduce_scatter_tensor(rs_out, rs_in)
+
+    def verify(k, what):
+        check_equal(ar, closed_form(world, n, torch.float32, "sum", salt=k), f"{what}: all_reduce")
+        check_equal(bc, data(root, n, torch.int32, "sum", salt=k), f"{what}: broadcast")
+        want = closed_form(world, n, torch.bfloat16, "max", salt=k) if rank == 0 else data(rank, n, torch.bfloat16,
+                                                                                               "max", salt=k)
+        check_equal(rd, want, f"{what}: reduce")
+        check_equal(ag_out, torch.cat([data(r, n, torch.float16, "sum", salt=k) for r in range(world)]),
+                    f"{what}: all_gather")
+        check_equal(rs_out, closed_form(world, n, torch.float32, "sum", salt=k + rank), f"{what}: reduce_scatter")
+
+    fill(0)
+    body()  # eager: sets up the transport and the executor's programs
+    verify(0, "eager")
+    _ran_schedule("eager", None)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+    eager = torch.zeros(64, dtype=torch.int64, device=d)
+    for k in range(1, replays + 1):
+        fill(k)
+        graph.replay()
+        verify(k, f"replay {k}")
+        if k % 3 == 0:  # eager executor calls between replays
+            eager.fill_(rank + k)
+            dist.broadcast(eager, src=k % world)
+            check_equal(eager, torch.full((64,), k % world + k, dtype=torch.int64), f"eager after {k}")
+    torch.cuda.synchronize()
+    finish()
+
+
+def spawn_schedule_mismatch(rank, world, port, timeout_s=20.0):
+    """Ranks that call broadcasts of different sizes on the executor: an error that says so, well
+    before the timeout, on the receiving rank; every rank's next call fails fast."""
+    from datetime import timedelta
+
+    import tilecomm  # noqa: F401
+
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group("tilecomm", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}",
+                            timeout=timedelta(seconds=timeout_s))
+    t = torch.full((16,), rank, device=dev())
+    dist.broadcast(t, src=0)  # sets up the transport and the executor on every rank
+    torch.cuda.synchronize()
+    assert t[0].item() == 0, t
+    t0 = time.monotonic()
+    first = ""
+    try:
+        dist.broadcast(torch.ones(1000 * (rank + 1), device=dev()), src=0)
+        torch.cuda.synchronize()
+        dist.barrier()  # the failure reaches every rank through the group
+    except Exception as e:  # noqa: BLE001
+        first = str(e)
+    waited = time.monotonic() - t0
+    try:
+        dist.broadcast(torch.ones(4, device=dev()), src=0)
+        torch.cuda.synchronize()
+        second = "the group kept working"
+    except Exception as e:  # noqa: BLE001
+        second = str(e)
+    return {"first": first, "second": second, "waited": waited}

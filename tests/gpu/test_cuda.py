@@ -184,8 +184,12 @@ def test_rank_killed_mid_kernel(config):
         assert len(r["errors"]) == 2 and "has failed" in r["errors"][1], r
         first = r["errors"][0]
         assert "rank 2 (pid" in first and "exited" in first, r
-        # rank 1's kernel was waiting when rank 2 died; rank 0 called later and launched nothing
-        assert ("stopped waiting on the GPU" if rank == 1 else "launches no more direct kernels") in first, r
+        # rank 1's kernel was waiting when rank 2 died; rank 0 called later and launched nothing,
+        # having seen either the death itself or rank 1's report of it
+        if rank == 1:
+            assert "stopped waiting on the GPU" in first, r
+        else:
+            assert "launches no more direct kernels" in first or "rank 1 failed: rank 1 stopped waiting" in first, r
         assert r["recovered"] is True, r
 
 
