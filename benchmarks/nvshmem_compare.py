@@ -1,5 +1,5 @@
 """CUDA all_gather (and reduce_scatter) on one GPU shared by several ranks: tilecomm's NVSHMEM push and pull
-against its IPC all-gather (LL) and staged path, and against NVSHMEM's own fcollect.
+against its IPC all-gather (LL), its schedule executor and staged path, and against NVSHMEM's own fcollect.
 
     python benchmarks/nvshmem_compare.py --worlds 2,4 -b 1K -e 256M -f 4 --jsonl out.jsonl
 
@@ -13,8 +13,9 @@ iterations of the slowest rank) it times float32 all_gather_into_tensor through:
   ``nvshmem_pull`` with the input on the symmetric heap (``pull_in_place``: read by the peers where it
   lies), ``nvshmem_push`` with the output on the symmetric heap (``push_in_place``: the peers store
   into it), ``nvshmem_push`` with ``TILECOMM_NVSHMEM_DATA=put_signal``, and ``auto``;
-- tilecomm's LL all_gather over cuda_ipc (``ipc_ll``; up to its 1 MiB buffer) and the staged path (up
-  to 16 MiB);
+- tilecomm's LL all_gather over cuda_ipc (``ipc_ll``; up to its 1 MiB buffer), the decision table's
+  all_gather schedule on the GPU's schedule executor (``executor``), and the staged path (no peer
+  transport; up to 16 MiB);
 - NVSHMEM's ``fcollect`` (nvshmemx_fcollectmem_on_stream) on symmetric tensors;
 - a device-to-device copy, for the HBM bound: every rank reads its input once and writes world x input
   once, (1 + world) x world x bytes of traffic at the copy's rate.
@@ -42,7 +43,8 @@ GROUPS = {
     "put_signal": {"TILECOMM_ALGO": "nvshmem_push", "TILECOMM_NVSHMEM_DATA": "put_signal"},
     "auto": {},
     "ipc_ll": {"TILECOMM_PROTO": "ll", "TILECOMM_NVSHMEM": "off"},
-    "staged": {"TILECOMM_PROTO": "simple", "TILECOMM_NVSHMEM": "off"},
+    "executor": {"TILECOMM_PROTO": "simple", "TILECOMM_NVSHMEM": "off"},
+    "staged": {"TILECOMM_CUDA_IPC_BYTES": "0", "TILECOMM_NVSHMEM": "off"},
 }
 
 

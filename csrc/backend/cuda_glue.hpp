@@ -6,8 +6,9 @@
 // stream, which first waits on `ready`: either a direct kernel over the peer
 // transport (cuda_ipc or host_mapped; all_reduce, LL all_gather up to the LL
 // buffer) or over the NVSHMEM transport (all_gather, reduce_scatter: blocks.h),
-// or the staged path: copies to pinned host memory, the CPU engine's
-// collective over them, copies back.
+// or the collective's schedule walked by the GPU's schedule executor (Note
+// [Schedule executor] in cuda/schedule_executor.h), or the staged path: copies
+// to pinned host memory, the CPU engine's collective over them, copies back.
 // Then an `end` event is recorded on the internal stream and the tensors are
 // marked used by it (recordStream), so the caching allocator never hands their
 // memory out before the stream is done with them. The events are raw CUDA
@@ -23,7 +24,7 @@
 // group are ordered the same way on every rank.
 //
 // Note [Synchronous CUDA calls]: a collective called with async_op=False whose GPU work may be a
-// direct kernel (all_reduce, all_gather, reduce_scatter where they run as kernels) runs on the
+// direct kernel or the schedule executor's (every collective but all_to_all) runs on the
 // caller's current stream instead, as ProcessGroupNCCL does in that mode: the caller's stream
 // orders it with what comes before and after, so it needs no `ready` event, no stream waits and
 // no recordStream (tensors are used on the caller's stream, as by any torch operation on it).
@@ -37,8 +38,8 @@
 // captured is captured too: an asynchronous one's `ready` forks the internal
 // stream into the capture, and `end` joins it back when the caller waits
 // (wait() never queries a captured event); a synchronous one is captured on the
-// caller's stream itself. Only direct kernels can be captured (they take no per-call value from
-// the host, Note [Device sequence]); a staged operation under capture raises a
+// caller's stream itself. Only direct and executor kernels can be captured (they take no per-call
+// value from the host, Note [Device sequence]); a staged operation under capture raises a
 // ValueError at the call, and so does the group's first direct call (it sets up
 // the transport through the Store and cudaMalloc): run one before capturing.
 #pragma once

@@ -1,6 +1,7 @@
 // The GPU peer transport: ranks of one host whose kernels load and store each
 // other's memory. Each rank makes one area (sequence flags and counter, two
-// staging buffers, two LL buffers) in one of three kinds of memory:
+// staging buffers, two LL buffers; with cuda_ipc and host_mapped also the
+// schedule executor's FIFOs) in one of three kinds of memory:
 // - cuda_ipc (cuda_ipc.h): in its GPU's memory, opened by peers through CUDA
 //   IPC; needs peer access between the GPUs (or ranks sharing one GPU);
 // - host_mapped (host_mapped.h): in a shared-memory segment of the host that
