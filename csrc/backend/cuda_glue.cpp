@@ -287,11 +287,8 @@ bool CudaGroup::scheduleEligible(Coll coll, DType dtype, RedOp op) const {
 
 std::string CudaGroup::lastKernel() const {  // "" after a staged operation
   const int last = last_kernel_.load();
-  if (last >= kLastSchedule) {
-    auto it = engine_ ? engine_->algorithms().find(static_cast<uint16_t>(last - kLastSchedule))
-                      : std::map<uint16_t, exec::Algorithm>::const_iterator();
-    return engine_ && it != engine_->algorithms().end() ? "schedule:" + it->second.name : "schedule";
-  }
+  if (last >= kLastSchedule)  // only after runSchedule, which needs the engine
+    return "schedule:" + engine_->algorithms().at(static_cast<uint16_t>(last - kLastSchedule)).name;
   if (last >= kLastBlocks) return cuda::blockAlgoName(static_cast<cuda::BlockAlgo>(last - kLastBlocks));
   switch (last) {
     case static_cast<int>(cuda::DirectAlgo::kOneShot): return "allreduce_one_shot";
@@ -395,7 +392,7 @@ void CudaGroup::setUpPrograms() {
   // each rank lists its own, and the ranks agree through the Store on the ids all listed.
   std::map<uint16_t, std::vector<std::pair<int, exec::DeviceProgram>>> mine;
   std::string ids;
-  for (const auto& [id, algo] : engine_ ? engine_->algorithms() : std::map<uint16_t, exec::Algorithm>{}) {
+  for (const auto& [id, algo] : engine_->algorithms()) {  // setEngine came with the group
     if (algo.direct) continue;
     std::vector<std::pair<int, exec::DeviceProgram>> progs;
     for (int root = algo.rooted ? 0 : -1; root < (algo.rooted ? world_ : 0); ++root) {
@@ -423,27 +420,30 @@ void CudaGroup::setUpPrograms() {
   }
 }
 
-void CudaGroup::runSchedule(CudaOp& op, Coll coll, uint16_t algo, int root, void* buf, uint64_t count, uint32_t elem,
-                            DType dtype, RedOp rop, uint64_t desc_count, int64_t timeout_ms) {
-  const int key_root = engine_->algorithms().at(algo).rooted ? root : -1;
-  auto it = programs_.find({algo, key_root});
+void CudaGroup::runSchedule(CudaOp& op, const exec::CollCall& call) {
+  // A non-rooted algorithm's program is filed under root -1.
+  auto program = [&](uint16_t algo) { return programs_.find({algo, engine_->algorithms().at(algo).rooted ? call.root : -1}); };
+  uint16_t algo = call.algo;
+  auto it = program(algo);
   if (it == programs_.end()) {  // the table's choice has no program: the collective's first that has
-    auto first = first_program_.find(static_cast<int>(coll));
+    auto first = first_program_.find(static_cast<int>(call.coll));
     if (first == first_program_.end())
-      throw Error(ErrorKind::kInvalid, std::string("no algorithm of ") + collName(coll) +
+      throw Error(ErrorKind::kInvalid, std::string("no algorithm of ") + collName(call.coll) +
                                            " can run on the GPU's schedule executor");
     algo = first->second;
-    it = programs_.find({algo, engine_->algorithms().at(algo).rooted ? root : -1});
+    it = program(algo);
   }
   // The call's name in every slot header: peers that called something else fail (Note [Schedule executor]).
   uint64_t tag = 0x9e3779b97f4a7c15ull;
-  for (uint64_t v : {static_cast<uint64_t>(coll), static_cast<uint64_t>(algo), static_cast<uint64_t>(dtype),
-                     static_cast<uint64_t>(rop), static_cast<uint64_t>(root + 1), desc_count, count}) {
+  for (uint64_t v : {static_cast<uint64_t>(call.coll), static_cast<uint64_t>(algo), static_cast<uint64_t>(call.dtype),
+                     static_cast<uint64_t>(call.op), static_cast<uint64_t>(call.root + 1), call.desc_count,
+                     call.count}) {
     tag ^= v + 0x9e3779b97f4a7c15ull + (tag << 6) + (tag >> 2);
   }
+  const uint64_t timeout_ms = call.timeout_ms > 0 ? call.timeout_ms : settings_.timeout_ms;
   last_kernel_ = kLastSchedule + algo;
-  op.direct_launch = cuda::runSchedule(*ipc_, it->second, buf, count, elem, dtype, rop, tag, op.stream.stream(),
-                                       static_cast<uint64_t>(timeout_ms) * 1000000ull);
+  op.direct_launch = cuda::runSchedule(*ipc_, it->second, call.buf, call.count, dtypeSize(call.dtype), call.dtype,
+                                       call.op, tag, op.stream.stream(), timeout_ms * 1000000ull);
   op.ipc = ipc_;
 }
 
@@ -620,7 +620,7 @@ void CudaGroup::runStaged(const std::vector<at::Tensor>& reads, const std::vecto
 }
 
 std::string CudaGroup::failure() const {
-  for (const auto& t : {ipc_, nvs_}) {
+  for (const cuda::PeerTransport* t : {ipc_.get(), nvs_.get()}) {  // NOTE: every call asks: no refcounts
     std::string e = t ? t->errorText() : "";
     if (!e.empty()) return e;
   }

@@ -237,12 +237,11 @@ class CudaGroup {
   /// a peer transport is possible, and the executor moves (op kNone) or reduces dtype with op.
   /// all_reduce only where TILECOMM_CUDA_ALLREDUCE is not staged or nvshmem_two_shot.
   bool scheduleEligible(Coll coll, DType dtype, RedOp op) const;
-  /// In a task, inside CudaOp::run, after directReady: enqueues the schedule of `algo` (the
+  /// In a task, inside CudaOp::run, after directReady: enqueues the schedule of call.algo (the
   /// decision table's choice; where it has no schedule the executor can walk, the collective's
-  /// first algorithm that has one) over count elements of elem bytes at buf (rooted: for root).
+  /// first algorithm that has one) over call.buf, device memory (rooted: for call.root). Its
   /// desc_count is what must agree across ranks (CollDesc::count): peers check it.
-  void runSchedule(CudaOp& op, Coll coll, uint16_t algo, int root, void* buf, uint64_t count, uint32_t elem,
-                   DType dtype, RedOp rop, uint64_t desc_count, int64_t timeout_ms);
+  void runSchedule(CudaOp& op, const exec::CollCall& call);
   /// In a task, inside CudaOp::run: body over pinned host copies of the tensors (reads are
   /// copied in first; writes are copied back once body returned).
   void runStaged(const std::vector<at::Tensor>& reads, const std::vector<at::Tensor>& writes,

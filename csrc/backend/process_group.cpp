@@ -361,22 +361,20 @@ void premultiply(at::Tensor& t, const c10d::ReduceOp& op) {
 }
 }  // namespace
 
-void ProcessGroupTilecomm::reduceOver(const Host& h, Coll coll, at::Tensor& t, const c10d::ReduceOp& op, int root,
-                                      uint64_t desc_count, int64_t timeout_ms) {
-  premultiply(t, op);
-  const uint64_t nbytes = t.nbytes();
-  const DType dtype = *toDType(t.scalar_type());
+void ProcessGroupTilecomm::runCall(const Host& h, const exec::CollCall& call) {
 #ifdef TILECOMM_WITH_CUDA
-  if (h.cudaOp()) {
-    cuda_->runSchedule(*h.cudaOp(), coll, engine_->pick(coll, nbytes), root, t.data_ptr(), t.numel(),
-                       static_cast<uint32_t>(t.element_size()), dtype, engineOp(op), desc_count, timeout_ms);
-    return;
-  }
+  if (h.cudaOp()) return cuda_->runSchedule(*h.cudaOp(), call);
 #else
   (void)h;
 #endif
-  engine_->run(exec::CollCall{coll, engine_->pick(coll, nbytes), bytes(t), static_cast<uint64_t>(t.numel()), dtype,
-                              engineOp(op), root, desc_count, timeout_ms});
+  engine_->run(call);
+}
+
+void ProcessGroupTilecomm::reduceOver(const Host& h, Coll coll, at::Tensor& t, const c10d::ReduceOp& op, int root,
+                                      uint64_t desc_count, int64_t timeout_ms) {
+  premultiply(t, op);
+  runCall(h, exec::CollCall{coll, engine_->pick(coll, t.nbytes()), bytes(t), static_cast<uint64_t>(t.numel()),
+                            *toDType(t.scalar_type()), engineOp(op), root, desc_count, timeout_ms});
 }
 
 void ProcessGroupTilecomm::move(const Host& h, Coll coll, at::Tensor& t, int root, uint64_t desc_count,
@@ -384,17 +382,8 @@ void ProcessGroupTilecomm::move(const Host& h, Coll coll, at::Tensor& t, int roo
   auto dt = toDType(t.scalar_type());
   DType d = dt.value_or(DType::kBytes);
   uint64_t count = dt ? t.numel() : t.nbytes();
-#ifdef TILECOMM_WITH_CUDA
-  if (h.cudaOp()) {
-    cuda_->runSchedule(*h.cudaOp(), coll, engine_->pick(coll, t.nbytes()), root, t.data_ptr(), count,
-                       static_cast<uint32_t>(dt ? t.element_size() : 1), d, RedOp::kNone, desc_count, timeout_ms);
-    return;
-  }
-#else
-  (void)h;
-#endif
-  engine_->run(exec::CollCall{coll, engine_->pick(coll, t.nbytes()), bytes(t), count, d, RedOp::kNone, root,
-                              desc_count, timeout_ms});
+  runCall(h, exec::CollCall{coll, engine_->pick(coll, t.nbytes()), bytes(t), count, d, RedOp::kNone, root,
+                            desc_count, timeout_ms});
 }
 
 bool ProcessGroupTilecomm::onDevice(Coll coll, const at::Tensor& t, RedOp op) const {

@@ -179,6 +179,8 @@ class ProcessGroupTilecomm : public c10d::Backend {
                   int64_t timeout_ms);
   /// The same for a data-moving schedule (broadcast, all_gather, gather, scatter).
   void move(const Host& h, Coll coll, at::Tensor& t, int root, uint64_t desc_count, int64_t timeout_ms);
+  /// call on the CPU engine, or on the GPU's schedule executor where h.cudaOp() is set.
+  void runCall(const Host& h, const exec::CollCall& call);
 
   std::shared_ptr<exec::Engine> engine_;
   int64_t timeout_ms_;

@@ -51,9 +51,7 @@ PeerTransport::PeerTransport(PeerMemory memory, int rank, int world, int device,
       device_(device),
       capacity_((capacity + 255) / 256 * 256),
       ll_capacity_((ll_capacity + 255) / 256 * 256),
-      sched_offset_(memory == PeerMemory::kNvshmem
-                        ? 0
-                        : kFlagBytes + 2 * capacity_ + 2 * static_cast<uint64_t>(world) * 2 * ll_capacity_) {
+      ll_end_(kFlagBytes + 2 * capacity_ + 2 * static_cast<uint64_t>(world) * 2 * ll_capacity_) {
   if (world > kMaxRanks)
     throw Error(ErrorKind::kInvalid, std::string(peerMemoryName(memory)) + " supports groups of at most " +
                                          std::to_string(kMaxRanks) + " ranks");
@@ -152,8 +150,7 @@ std::string PeerTransport::open(const std::vector<std::string>& handles) {
 }
 
 uint64_t PeerTransport::areaBytes() const {
-  const uint64_t base = kFlagBytes + 2 * capacity_ + 2 * static_cast<uint64_t>(world_) * 2 * ll_capacity_;
-  return sched_offset_ ? base + schedRegionBytes(world_) : base;
+  return ll_end_ + (schedOffset() ? schedRegionBytes(world_) : 0);
 }
 
 void PeerTransport::unlinkOwn() {

@@ -205,7 +205,7 @@ class PeerTransport {
   uint64_t capacity() const { return capacity_; }
   uint64_t llCapacity() const { return ll_capacity_; }
   /// Where the schedule executor's region begins in every rank's area (0: none, nvshmem).
-  uint64_t schedOffset() const { return sched_offset_; }
+  uint64_t schedOffset() const { return memory_ == PeerMemory::kNvshmem ? 0 : ll_end_; }
   /// Thread blocks one rank's kernel may use (Note [Block budget]): the ranks' spinning kernels
   /// must all be resident at once when they share a GPU, so together they take at most one block
   /// per SM.
@@ -245,7 +245,7 @@ class PeerTransport {
   int device_;
   uint64_t capacity_;
   uint64_t ll_capacity_;
-  uint64_t sched_offset_ = 0;
+  uint64_t ll_end_;  // where the LL buffers end (the executor's region begins)
   int block_budget_ = 1;
   bool one_gpu_ = false;
   uint64_t launches_ = 0;

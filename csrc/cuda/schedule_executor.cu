@@ -19,7 +19,6 @@ struct SchedArgs : CallArgs {
   const exec::DeviceStep* steps;
   const uint32_t* round_end;
   uint32_t rounds;
-  uint32_t lanes;
   uint32_t per_lane;  // thread blocks per lane
   uint32_t nchunks;
   uint64_t sched_offset;
@@ -277,7 +276,6 @@ uint64_t runSchedule(PeerTransport& t, const DeviceProgram& p, void* buf, uint64
   a.steps = p.steps;
   a.round_end = p.round_end;
   a.rounds = p.rounds;
-  a.lanes = p.lanes;
   a.nchunks = p.nchunks;
   a.sched_offset = t.schedOffset();
   a.buf = static_cast<char*>(buf);

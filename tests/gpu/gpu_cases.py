@@ -395,15 +395,7 @@ def every_op(rank, world, gloo, dtype, n):
     for r in range(world):
         check_equal(outs[r], x[r], f"all_to_all [{r}] {what}")
 
-    root = world - 1
-    gl = [torch.empty(n, dtype=dt, device=d) for _ in range(world)] if rank == root else None
-    dist.gather(x[rank].to(d), gl, dst=root)
-    if rank == root:
-        for r in range(world):
-            check_equal(gl[r], x[r], f"gather [{r}] {what}")
-    out = torch.empty(n, dtype=dt, device=d)
-    dist.scatter(out, [x[r].to(d) for r in range(world)] if rank == 0 else None, src=0)
-    check_equal(out, x[rank], f"scatter {what}")
+    gather_and_scatter(rank, world, x, what)
 
     if world > 1:  # ring: send to the right, receive from the left
         right, left = (rank + 1) % world, (rank - 1) % world
@@ -422,6 +414,24 @@ def every_op(rank, world, gloo, dtype, n):
         check_equal(got, x[left], f"batch_isend_irecv {what}")
     dist.barrier()
     finish()
+
+
+def gather_and_scatter(rank, world, x, what, after=lambda coll: None):
+    """gather of x[rank] to the last rank and scatter of x from rank 0, against x; after(collective)
+    runs after each call."""
+    d = dev()
+    n, dt = x[rank].numel(), x[rank].dtype
+    root = world - 1
+    gl = [torch.empty(n, dtype=dt, device=d) for _ in range(world)] if rank == root else None
+    dist.gather(x[rank].to(d), gl, dst=root)
+    after("gather")
+    if rank == root:
+        for r in range(world):
+            check_equal(gl[r], x[r], f"gather [{r}] {what}")
+    out = torch.empty(n, dtype=dt, device=d)
+    dist.scatter(out, [x[r].to(d) for r in range(world)] if rank == 0 else None, src=0)
+    check_equal(out, x[rank], f"scatter {what}")
+    after("scatter")
 
 
 def objects(rank, world, gloo):
@@ -942,17 +952,8 @@ def schedule_matrix(rank, world, gloo, dtypes, ops, sizes, algos):
             dist.all_gather(outs, x[rank].to(d))
             for r in range(world):
                 check_equal(outs[r], x[r], f"all_gather [{r}] {what}")
-            root = world - 1
-            gl = [torch.empty(n, dtype=dt, device=d) for _ in range(world)] if rank == root else None
-            dist.gather(x[rank].to(d), gl, dst=root)
-            _ran_schedule(f"gather {what}", algos.get("gather"))
-            if rank == root:
-                for r in range(world):
-                    check_equal(gl[r], x[r], f"gather [{r}] {what}")
-            out = torch.empty(n, dtype=dt, device=d)
-            dist.scatter(out, [x[r].to(d) for r in range(world)] if rank == 0 else None, src=0)
-            check_equal(out, x[rank], f"scatter {what}")
-            _ran_schedule(f"scatter {what}", algos.get("scatter"))
+            gather_and_scatter(rank, world, x, what,
+                               after=lambda coll: _ran_schedule(f"{coll} {what}", algos.get(coll)))
             for op in ops:
                 if not applicable(op, dt):
                     continue
