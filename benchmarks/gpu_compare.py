@@ -6,10 +6,11 @@ Needs a CUDA build of tilecomm and, with several ranks on one GPU, the MPS
 daemon (see scripts/gpu-test). In one run and with one timing method it times
 float32 sum all_reduce through:
 
-- tilecomm with TILECOMM_CUDA_ALLREDUCE = auto, one_shot, two_shot, staged (one
-  group each; the cuda_ipc buffers are sized for the largest message; the
-  forced paths with TILECOMM_PROTO=simple, auto with the LL kernel below
-  TILECOMM_LL_BYTES);
+- tilecomm with TILECOMM_CUDA_ALLREDUCE = auto, one_shot, two_shot, registered,
+  staged (one group each; the cuda_ipc buffers are sized for the largest
+  message; the forced paths with TILECOMM_PROTO=simple, auto with the LL kernel
+  below TILECOMM_LL_BYTES and on registered tensors from
+  TILECOMM_CUDA_REGISTER_BYTES);
 - with --nvshmem, tilecomm with TILECOMM_CUDA_ALLREDUCE=nvshmem_two_shot on an ordinary tensor
   (`nvshmem_two_shot`: staged through its buffers) and on one made with tilecomm.symmetric_empty
   (`nvshmem_in_place`); the ranks then set CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = 100 / ranks, which
@@ -19,9 +20,13 @@ float32 sum all_reduce through:
   (TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES=1 lets ranks share the GPU);
 - a device-to-device copy of the same size, for the HBM bound.
 
-Timing: before each timed call, a device synchronize and a Gloo barrier; the
-call alone is timed with CUDA events; the median over iterations of the
-slowest rank. "bound" is the time of every rank copying its buffer at once
+Timing (--timing barrier, the default): before each timed call, a device
+synchronize and a Gloo barrier; the call alone is timed with CUDA events; the
+median over iterations of the slowest rank. It includes the ranks' skew after
+the barrier (a collective waits for the last rank to arrive). --timing loop is
+nccl-tests' method: after warm-up calls and one barrier, `iters` calls back to
+back between two CUDA events, the time per call of the slowest rank (ranks stay
+in step, so skew is paid once per loop). "bound" is the time of every rank copying its buffer at once
 (2 x world x bytes of HBM traffic: each input read once, each output written
 once), and "copy" the HBM rate that gives; both mean something only from a few
 MB up, where the copy outlasts the barrier's skew.
@@ -40,7 +45,7 @@ import torch.distributed as dist
 from tilecomm import launch
 from tilecomm.bench import parse_size, sizes
 
-PATHS = ["auto", "one_shot", "two_shot", "staged"]
+PATHS = ["auto", "one_shot", "two_shot", "registered", "staged"]
 
 
 def _timed(fn, iters, barrier):
@@ -56,6 +61,25 @@ def _timed(fn, iters, barrier):
         if i >= 3:  # warm-up calls
             times.append(start.elapsed_time(end) * 1e-3)
     return statistics.median(times)
+
+
+def _timed_loop(fn, iters, barrier):
+    for _ in range(3):  # warm-up calls
+        fn()
+    torch.cuda.synchronize()
+    barrier()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e-3 / iters
+
+
+def timer(args):
+    """The timing method --timing names."""
+    return _timed_loop if args.timing == "loop" else _timed
 
 
 def slowest(row, copy_s, group):
@@ -93,6 +117,8 @@ def parser(doc):
     ap.add_argument("-f", "--stepfactor", type=int, default=4)
     ap.add_argument("-n", "--iters", type=int, default=20)
     ap.add_argument("--jsonl", default="")
+    ap.add_argument("--timing", choices=["barrier", "loop"], default="barrier",
+                    help="a barrier before each timed call (default), or nccl-tests' back-to-back loop")
     return ap
 
 
@@ -146,6 +172,8 @@ def _rank(rank, world, args):
     def barrier():
         dist.barrier(group=gloo)
 
+    timed = timer(args)
+
     out = open(args.jsonl, "a") if (args.jsonl and rank == 0) else None
     for nbytes in grid:
         n = nbytes // 4
@@ -157,7 +185,7 @@ def _rank(rank, world, args):
             runs.append(("tilecomm:nvshmem_in_place", nvs, heap[:n].zero_()))
         for name, g, t in runs:
             try:
-                row[name] = _timed(lambda: dist.all_reduce(t, group=g), iters, barrier)
+                row[name] = timed(lambda: dist.all_reduce(t, group=g), iters, barrier)
             except Exception as e:  # noqa: BLE001
                 row[name] = f"failed: {str(e).splitlines()[0][:60]}"
         if symm is not None:
@@ -165,10 +193,10 @@ def _rank(rank, world, args):
                 buf = symm.empty(n, dtype=torch.float32, device=dev)
                 buf.zero_()
                 symm.rendezvous(buf, gloo.group_name)
-                row["symm_mem:one_shot"] = _timed(
+                row["symm_mem:one_shot"] = timed(
                     lambda: torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", gloo.group_name), iters, barrier
                 )
-                row["symm_mem:two_shot"] = _timed(
+                row["symm_mem:two_shot"] = timed(
                     lambda: torch.ops.symm_mem.two_shot_all_reduce_(buf, "sum", gloo.group_name), iters, barrier
                 )
                 del buf
@@ -176,11 +204,11 @@ def _rank(rank, world, args):
                 row["symm_mem:one_shot"] = row.get("symm_mem:one_shot", f"failed: {str(e).splitlines()[0][:60]}")
                 row.setdefault("symm_mem:two_shot", f"failed: {str(e).splitlines()[0][:60]}")
         src, dst = torch.ones(n, device=dev), torch.empty(n, device=dev)
-        copy_s = slowest(row, _timed(lambda: dst.copy_(src), iters, barrier), gloo)
+        copy_s = slowest(row, timed(lambda: dst.copy_(src), iters, barrier), gloo)
         del src, dst, x
         # Every rank copied its buffer at once: 2 x world x bytes of HBM traffic, the
         # least an all_reduce can move (each input read once, each output written once).
-        emit(out, rank, dict(world=world, bytes=nbytes, copy_gbs=2 * world * nbytes / copy_s / 1e9,
+        emit(out, rank, dict(world=world, bytes=nbytes, timing=args.timing, copy_gbs=2 * world * nbytes / copy_s / 1e9,
                              bound_us=copy_s * 1e6), row)
     if out:
         out.close()

@@ -6,13 +6,15 @@ against its IPC all-gather (LL), its schedule executor and staged path, and agai
 Needs a CUDA build of tilecomm with its NVSHMEM parts and, with several ranks on one GPU, the MPS daemon
 (scripts/gpu-nvshmem starts it; each rank sets CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = 100 / ranks before
 touching the GPU, as NVSHMEM needs). Sizes are bytes of each rank's input. In one run and with one timing
-method (gpu_compare.py's: a Gloo barrier, then the call alone timed with CUDA events; the median over
-iterations of the slowest rank) it times float32 all_gather_into_tensor through:
+method (gpu_compare.py's --timing: by default a Gloo barrier, then the call alone timed with CUDA events,
+the median over iterations of the slowest rank) it times float32 all_gather_into_tensor through:
 
 - tilecomm groups with TILECOMM_ALGO forcing ``nvshmem_push``, ``nvshmem_pull`` (input staged),
   ``nvshmem_pull`` with the input on the symmetric heap (``pull_in_place``: read by the peers where it
   lies), ``nvshmem_push`` with the output on the symmetric heap (``push_in_place``: the peers store
   into it), ``nvshmem_push`` with ``TILECOMM_NVSHMEM_DATA=put_signal``, and ``auto``;
+- tilecomm's push all_gather over cuda_ipc into registered outputs at every size (``registered``;
+  ``auto`` runs it from TILECOMM_CUDA_REGISTER_BYTES of output);
 - tilecomm's LL all_gather over cuda_ipc (``ipc_ll``; up to its 1 MiB buffer), the decision table's
   all_gather schedule on the GPU's schedule executor (``executor``), and the staged path (no peer
   transport; up to 16 MiB);
@@ -33,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_compare import _timed, emit, parser, run_worlds, slowest  # noqa: E402  (one method for the GPU comparisons)
+from gpu_compare import emit, parser, run_worlds, slowest, timer  # noqa: E402  (one method for the GPU comparisons)
 from tilecomm import nvshmem  # noqa: E402
 from tilecomm.bench import sizes  # noqa: E402
 
@@ -42,10 +44,13 @@ GROUPS = {
     "pull": {"TILECOMM_ALGO": "nvshmem_pull"},
     "put_signal": {"TILECOMM_ALGO": "nvshmem_push", "TILECOMM_NVSHMEM_DATA": "put_signal"},
     "auto": {},
-    "ipc_ll": {"TILECOMM_PROTO": "ll", "TILECOMM_NVSHMEM": "off"},
-    "executor": {"TILECOMM_PROTO": "simple", "TILECOMM_NVSHMEM": "off"},
+    "registered": {"TILECOMM_CUDA_REGISTER_BYTES": "1", "TILECOMM_PROTO": "simple"},
+    "ipc_ll": {"TILECOMM_PROTO": "ll", "TILECOMM_NVSHMEM": "off", "TILECOMM_CUDA_REGISTER_BYTES": "0"},
+    "executor": {"TILECOMM_PROTO": "simple", "TILECOMM_NVSHMEM": "off", "TILECOMM_CUDA_REGISTER_BYTES": "0"},
     "staged": {"TILECOMM_CUDA_IPC_BYTES": "0", "TILECOMM_NVSHMEM": "off"},
 }
+ENV_KEYS = ("TILECOMM_ALGO", "TILECOMM_NVSHMEM_DATA", "TILECOMM_PROTO", "TILECOMM_NVSHMEM", "TILECOMM_CUDA_IPC_BYTES",
+            "TILECOMM_CUDA_REGISTER_BYTES")
 
 
 def _rank(rank, world, args):
@@ -60,11 +65,11 @@ def _rank(rank, world, args):
     gloo = dist.new_group(backend="gloo")
     groups = {}
     for name, env in GROUPS.items():
-        for k in ("TILECOMM_ALGO", "TILECOMM_NVSHMEM_DATA", "TILECOMM_PROTO", "TILECOMM_NVSHMEM"):
+        for k in ENV_KEYS:
             os.environ.pop(k, None)
         os.environ.update(env)  # rank 0's values are read at group creation
         groups[name] = dist.new_group(backend="tilecomm")
-    for k in ("TILECOMM_ALGO", "TILECOMM_NVSHMEM_DATA", "TILECOMM_PROTO", "TILECOMM_NVSHMEM"):
+    for k in ENV_KEYS:
         os.environ.pop(k, None)
     pull = groups["pull"]
     top = max(grid)
@@ -86,7 +91,7 @@ def _rank(rank, world, args):
 
         def timed(key, fn, group=None):
             try:
-                row[key] = _timed(fn, iters, barrier)
+                row[key] = timer(args)(fn, iters, barrier)
                 if group is not None:
                     kernels[key] = group._get_backend(torch.device("cuda")).cuda_last_kernel()
             except Exception as e:  # noqa: BLE001
@@ -113,7 +118,7 @@ def _rank(rank, world, args):
             timed("reduce_scatter:pull_in_place", lambda: dist.reduce_scatter_tensor(o, sbig, group=pull), pull)
             del big, o
         src, dst = torch.ones(n, device=dev), torch.empty(n, device=dev)
-        copy_s = slowest(row, _timed(lambda: dst.copy_(src), iters, barrier), gloo)
+        copy_s = slowest(row, timer(args)(lambda: dst.copy_(src), iters, barrier), gloo)
         del src, dst, x, out
         copy_rate = 2 * world * nbytes / copy_s  # every rank copied its buffer at once
         bound = (1 + world) * world * nbytes / copy_rate  # all_gather: read each input once, write each output

@@ -4,6 +4,7 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
+#include <cuda.h>
 
 #include <algorithm>
 #include <chrono>
@@ -171,6 +172,10 @@ void CudaGroup::releasePeers() {
   if (ipc_ && watch_)  // a peer that died since the watchdog last looked is not waited for
     for (const auto& [rank, note] : watch_()) ipc_->peerDied(rank, note);
   if (ipc_) ipc_->drain(std::min<int64_t>(settings_.timeout_ms, 10000));
+  // Note [Registered tensors]: our kernels are done (the stream is idle), and a peer's kernel that
+  // wrote our tensor ended before ours did.
+  for (auto& [key, mapping] : mapped_) cudaIpcCloseMemHandle(mapping.second);
+  mapped_.clear();
   cudaSetDevice(prev);
 }
 
@@ -211,6 +216,8 @@ std::shared_ptr<CudaOp> CudaGroup::begin(const c10::Device& device, bool on_call
 
 namespace {
 constexpr int kLastAllGatherLL = 100;  // last_kernel_ after an LL all_gather
+constexpr int kLastRegistered = 150;   // after an all_reduce on registered tensors
+constexpr int kLastAllGatherRegistered = 151;  // after an all_gather into registered outputs
 constexpr int kLastBlocks = 200;       // + BlockAlgo: after an NVSHMEM all_gather or reduce_scatter
 constexpr int kLastSchedule = 1000;    // + algorithm id: after the schedule executor
 
@@ -295,6 +302,8 @@ std::string CudaGroup::lastKernel() const {  // "" after a staged operation
     case static_cast<int>(cuda::DirectAlgo::kTwoShot): return "allreduce_two_shot";
     case static_cast<int>(cuda::DirectAlgo::kOneShotLL): return "allreduce_one_shot_ll";
     case kLastAllGatherLL: return "allgather_direct_ll";
+    case kLastRegistered: return "allreduce_two_shot_registered";
+    case kLastAllGatherRegistered: return "allgather_push_registered";
     default: return "";
   }
 }
@@ -577,7 +586,174 @@ void* CudaGroup::symmetricAlloc(uint64_t nbytes, const c10::Device& device) {
   return p;
 }
 
+bool CudaGroup::registerEligible(const CudaOp& op, uint64_t nbytes) const {
+  if (op.captured || ipc_->memory() != cuda::PeerMemory::kCudaIpc) return false;
+  if (settings_.allreduce == "registered") return true;
+  return settings_.allreduce == "auto" && settings_.register_bytes > 0 && nbytes >= settings_.register_bytes &&
+         allReduceAlgo(nbytes) != cuda::DirectAlgo::kOneShotLL;
+}
+
+/// What a rank tells its peers about its tensor (Note [Registered tensors]).
+struct TensorExport {
+  cudaIpcMemHandle_t handle;
+  uint64_t base;    // the allocation's address in the exporting process
+  uint64_t id;      // its unique id there
+  uint64_t offset;  // of the tensor in the allocation
+  uint8_t ok;       // exported
+  uint8_t known;    // every peer opened this allocation before
+  uint8_t pad[6];
+};
+
+namespace {
+/// The device allocation holding p: its start, its size and its process-wide unique id (never
+/// reused, unlike addresses and, possibly, IPC handles), from the driver. False where unknown.
+bool allocationOf(const void* p, uint64_t* base, uint64_t* size, uint64_t* id) {
+  using Fn = CUresult (*)(unsigned int, CUpointer_attribute*, void**, CUdeviceptr);
+  static Fn fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuPointerGetAttributes", &f, 12000, cudaEnableDefault, &found);
+#else
+    const cudaError_t e = cudaGetDriverEntryPoint("cuPointerGetAttributes", &f, cudaEnableDefault, &found);
+#endif
+    if (e != cudaSuccess || found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return static_cast<Fn>(nullptr);
+    }
+    return reinterpret_cast<Fn>(f);
+  }();
+  if (!fn) return false;
+  CUpointer_attribute attrs[3] = {CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                                  CU_POINTER_ATTRIBUTE_BUFFER_ID};
+  CUdeviceptr start = 0;
+  size_t bytes = 0;
+  unsigned long long buffer = 0;
+  void* data[3] = {&start, &bytes, &buffer};
+  if (fn(3, attrs, data, reinterpret_cast<CUdeviceptr>(p)) != CUDA_SUCCESS || start == 0) return false;
+  *base = static_cast<uint64_t>(start);
+  *size = bytes;
+  *id = buffer;
+  return true;
+}
+}  // namespace
+
+void CudaGroup::exchange(void* all, uint64_t each, int64_t timeout_ms) {
+  const uint64_t n = each * world_;
+  engine_->run(exec::CollCall{Coll::kAllGather, engine_->pick(Coll::kAllGather, n), static_cast<char*>(all), n,
+                              DType::kBytes, RedOp::kNone, -1, each, timeout_ms});
+}
+
+char* CudaGroup::peerAllocation(CudaOp& op, int q, const TensorExport& e) {
+  auto it = mapped_.find({q, e.base});
+  if (it != mapped_.end()) {
+    if (it->second.first == e.id) return it->second.second;
+    // A new allocation at a known address: the old one was freed. Our earlier kernels may still
+    // read the old mapping.
+    const cudaError_t synced = cudaStreamSynchronize(op.stream.stream());
+    if (synced != cudaSuccess)
+      throw Error(ErrorKind::kSystem, std::string("cudaStreamSynchronize: ") + cudaGetErrorString(synced));
+    cudaIpcCloseMemHandle(it->second.second);
+    mapped_.erase(it);
+  }
+  void* p = nullptr;
+  cudaError_t err = cudaIpcOpenMemHandle(&p, e.handle, cudaIpcMemLazyEnablePeerAccess);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // clears it
+    throw Error(ErrorKind::kSystem, "rank " + std::to_string(rank_) + " cannot open rank " + std::to_string(q) +
+                                        "'s tensor to register it: " + cudaGetErrorString(err));
+  }
+  mapped_[{q, e.base}] = {e.id, static_cast<char*>(p)};
+  return static_cast<char*>(p);
+}
+
+std::optional<std::vector<char*>> CudaGroup::registerTensors(CudaOp& op, void* p, uint64_t extent, bool exportable,
+                                                             int64_t timeout_ms) {
+  std::vector<TensorExport> all(world_);
+  TensorExport& mine = all[rank_];
+  uint64_t base = 0, size = 0, id = 0;
+  // NOTE: all of the tensor within the allocation: a list of outputs that lie back to back may
+  // span two allocations, and peers would store past the one they opened.
+  if (exportable && allocationOf(p, &base, &size, &id) && reinterpret_cast<uint64_t>(p) + extent <= base + size &&
+      cudaIpcGetMemHandle(&mine.handle, reinterpret_cast<void*>(base)) == cudaSuccess) {
+    mine.ok = 1;
+    mine.base = base;
+    mine.id = id;
+    mine.offset = reinterpret_cast<uint64_t>(p) - base;
+    mine.known = known_.count(id) ? 1 : 0;
+  } else {
+    cudaGetLastError();  // not within one cudaMalloc allocation (expandable segments, a VMM heap, pool memory)
+  }
+  exchange(all.data(), sizeof(TensorExport), timeout_ms);
+  bool every_known = true;
+  for (const TensorExport& e : all) {
+    if (!e.ok) return std::nullopt;  // the same answer on every rank
+    every_known &= e.known != 0;
+  }
+  std::vector<char*> tensors(world_);
+  std::string why;
+  for (int q = 0; q < world_ && why.empty(); ++q) {
+    if (q == rank_) {
+      tensors[q] = static_cast<char*>(p);
+      continue;
+    }
+    try {
+      tensors[q] = peerAllocation(op, q, all[q]) + all[q].offset;
+    } catch (const std::exception& e) {  // every rank must reach the agreement below
+      why = e.what();
+    }
+  }
+  if (!every_known) {  // some allocation is new to some peer: did every rank open every one?
+    std::vector<uint8_t> opened(world_);
+    opened[rank_] = why.empty() ? 1 : 0;
+    exchange(opened.data(), 1, timeout_ms);
+    for (uint8_t o : opened)
+      if (!o) return std::nullopt;  // the same answer on every rank: the staged kernels run
+    known_.insert(mine.id);
+  } else if (!why.empty()) {
+    // Every allocation was known, so its mapping was open here: not reached unless the CUDA
+    // context failed. The peers' kernels then wait for this rank until the timeout.
+    throw Error(ErrorKind::kSystem, why);
+  }
+  return tensors;
+}
+
+bool CudaGroup::allReduceRegistered(CudaOp& op, at::Tensor& t, DType dtype, RedOp rop, int64_t timeout_ms) {
+  const auto tensors = registerTensors(op, t.data_ptr(), t.nbytes(), true, timeout_ms);
+  if (!tensors) return false;
+  last_kernel_ = kLastRegistered;
+  op.direct_launch = cuda::allReduceRegistered(*ipc_, tensors->data(), t.nbytes(), dtype, rop, op.stream.stream(),
+                                               static_cast<uint64_t>(timeout_ms) * 1000000ull);
+  op.ipc = ipc_;
+  ++registered_calls_;
+  return true;
+}
+
+bool CudaGroup::allGatherRegisterEligible(uint64_t nbytes) const {
+  const uint64_t from = settings_.allgather_register_bytes;  // 0 where TILECOMM_ALGO forces an all_gather
+  return from > 0 && settings_.ipc_bytes > 0 && nbytes > 0 && nbytes * world_ >= from && world_ <= cuda::kMaxRanks &&
+         !allGatherLL(nbytes);
+}
+
+bool CudaGroup::allGatherRegistered(CudaOp& op, const at::Tensor& in, const std::vector<void*>& outs,
+                                    int64_t timeout_ms) {
+  // NOTE: every condition here is the same on every rank (the transport's, the capture's).
+  if (op.captured || !directReady(op) || ipc_->memory() != cuda::PeerMemory::kCudaIpc) return false;
+  const uint64_t n = in.nbytes();
+  bool contiguous = true;  // the output is one range (all_gather_into_tensor; a list may be too)
+  for (int q = 1; q < world_; ++q) contiguous &= outs[q] == static_cast<char*>(outs[0]) + q * n;
+  const auto outputs = registerTensors(op, outs[0], n * world_, contiguous, timeout_ms);
+  if (!outputs) return false;
+  last_kernel_ = kLastAllGatherRegistered;
+  op.direct_launch = cuda::allGatherRegistered(*ipc_, static_cast<const char*>(in.data_ptr()), outputs->data(), n,
+                                               op.stream.stream(), static_cast<uint64_t>(timeout_ms) * 1000000ull);
+  op.ipc = ipc_;
+  ++registered_calls_;
+  return true;
+}
+
 void CudaGroup::allReduceDirect(CudaOp& op, at::Tensor& t, DType dtype, RedOp rop, int64_t timeout_ms) {
+  if (registerEligible(op, t.nbytes()) && allReduceRegistered(op, t, dtype, rop, timeout_ms)) return;
   const cuda::DirectAlgo algo = allReduceAlgo(t.nbytes());
   last_kernel_ = static_cast<int>(algo);
   uint64_t timeout_ns = static_cast<uint64_t>(timeout_ms) * 1000000ull;
@@ -644,6 +820,7 @@ std::string CudaGroup::status() const {
           : settings_.nvshmem_lib.empty() ? "not offered (" + settings_.nvshmem_why + ")"
                                           : "unset") +
          " in_place_calls=" + std::to_string(in_place_calls_.load()) +
+         " registered_calls=" + std::to_string(registered_calls_.load()) +
          " programs=" + std::to_string(programs_.size());
 }
 

@@ -42,6 +42,39 @@
 // value from the host, Note [Device sequence]); a staged operation under capture raises a
 // ValueError at the call, and so does the group's first direct call (it sets up
 // the transport through the Store and cudaMalloc): run one before capturing.
+//
+// Note [Registered tensors]: a staged direct all_reduce first copies the caller's tensor into the
+// transport's staging buffer, because peers reach only memory that was exported and opened; that
+// copy in and the copy out make a two-shot move about 5n bytes per rank where the reduction needs
+// 2n. Over cuda_ipc, an all_reduce of at least TILECOMM_CUDA_REGISTER_BYTES (or every size with
+// TILECOMM_CUDA_ALLREDUCE=registered) registers the tensors instead: each rank exports the
+// allocation that holds its whole tensor (cudaIpcGetMemHandle, every call), the ranks exchange
+// {handle, allocation address and unique id, offset} with an all_gather of the CPU engine, each
+// opens what it has not opened yet (cudaIpcOpenMemHandle, cached per (rank, allocation address);
+// a new id at a known address means the old allocation was freed: its mapping is closed), and one
+// two-shot kernel reads and stores every rank's tensor in place (cuda/blocks.h,
+// allReduceRegistered). all_gather does the same with its output where that is one range
+// (all_gather_into_tensor) of at least TILECOMM_CUDA_REGISTER_BYTES above the LL limit, unless
+// TILECOMM_ALGO forces an all_gather algorithm: each rank stores its block straight into every
+// rank's output (allgather_nvshmem_push.cu over cuda_ipc: n read, p x n written).
+//
+// The decision is the same on every rank: where some rank's tensor cannot be exported (not within
+// one cudaMalloc allocation: expandable segments, pool memory) or some rank could not open a
+// peer's, every rank takes the other path. A second all_gather (of one byte: opened or not)
+// follows only when some rank exported an allocation for the first time; one that every peer
+// opened before is marked known, and peers never close a mapping of it while it lives.
+//
+// Limits. Mappings of a peer's freed allocations stay open until that address is reused or the
+// group ends, so the GPU memory behind them is not returned to the driver before. CUDA documents
+// freeing an exported allocation while an importer still has it open as undefined; tilecomm
+// relies on the driver keeping such memory alive until the peers close it (the caching allocator
+// frees segments only in empty_cache and when it retries an allocation that ran out of memory);
+// TILECOMM_CUDA_REGISTER_BYTES=0 turns registration off. Every rank passes through the CPU
+// engine's all_gather before its launch, so the calling thread (the worker's, for async_op=True)
+// waits there until every rank issued the call. Not under CUDA graph capture (the exchange is
+// host work), which every rank must then be doing alike. A peer that stalls past the timeout
+// inside a registered kernel may still store into a rank's tensor after that rank's call failed;
+// the group fails every later call.
 #pragma once
 
 #include <c10/cuda/CUDAStream.h>
@@ -55,6 +88,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -70,8 +104,10 @@ namespace tilecomm::backend {
 
 /// The group's CUDA settings (rank 0's values, like every setting).
 struct CudaSettings {
-  std::string allreduce = "auto";  // auto | one_shot | two_shot | scheduled | staged | nvshmem_two_shot
+  std::string allreduce = "auto";  // auto | one_shot | two_shot | registered | scheduled | staged | nvshmem_two_shot
   uint64_t ipc_bytes = 4u << 20;   // largest all_reduce run by a direct kernel (per staging buffer)
+  uint64_t register_bytes = 8u << 20;  // all_reduce (auto) on registered tensors from this size (0: never)
+  uint64_t allgather_register_bytes = 8u << 20;  // all_gather into registered outputs (0: never, or forced)
   int64_t timeout_ms = 30 * 60 * 1000;   // the group's timeout
   std::string proto = "auto";            // auto | ll | simple
   // Per peer memory (indexed by cuda::PeerMemory, the order of cuda_model.MEMORIES), set by
@@ -123,6 +159,7 @@ class EventPool {
 };
 
 struct CudaOp;
+struct TensorExport;  // Note [Registered tensors]
 
 /// Note [Stream order]: a group's collectives take device sequence numbers from one counter
 /// per rank (Note [Device sequence]), so their kernels must run one after another in issue
@@ -227,6 +264,14 @@ class CudaGroup {
   /// In a task, inside CudaOp::run, after directReady: enqueues a direct all_reduce of t on the
   /// operation's stream, with the kernel the settings pick for its size and the group's peer memory.
   void allReduceDirect(CudaOp& op, at::Tensor& t, DType dtype, RedOp rop, int64_t timeout_ms);
+  /// At issue: whether an all_gather of nbytes per rank tries registered outputs (Note [Registered
+  /// tensors]; decided from the call alone): from TILECOMM_CUDA_REGISTER_BYTES of output, above the
+  /// LL limit, unless TILECOMM_ALGO forces an all_gather algorithm.
+  bool allGatherRegisterEligible(uint64_t nbytes) const;
+  /// In a task, inside CudaOp::run: the push all_gather of `in` into every rank's output in place,
+  /// over cuda_ipc, where every rank's output (outs[q]: its blocks) is one range that could be
+  /// registered; false (on every rank) where not: another path runs.
+  bool allGatherRegistered(CudaOp& op, const at::Tensor& in, const std::vector<void*>& outs, int64_t timeout_ms);
   /// In a task, inside CudaOp::run: enqueues an LL all_gather of `in` into outs[q] (one per rank).
   void allGatherDirect(CudaOp& op, const at::Tensor& in, const std::vector<void*>& outs, int64_t timeout_ms);
   /// The group's engine, whose scheduled algorithms the schedule executor runs (set once, before
@@ -271,6 +316,20 @@ class CudaGroup {
   uint64_t llLimit() const;
   /// The kernel of an all_reduce of nbytes over the group's peer memory (transport up).
   cuda::DirectAlgo allReduceAlgo(uint64_t nbytes) const;
+  /// Note [Registered tensors]: whether an all_reduce of nbytes registers its tensors (the same on
+  /// every rank), and the registered kernel, if every rank could export and open (else false: the
+  /// staged kernel runs).
+  bool registerEligible(const CudaOp& op, uint64_t nbytes) const;
+  bool allReduceRegistered(CudaOp& op, at::Tensor& t, DType dtype, RedOp rop, int64_t timeout_ms);
+  /// Every rank's address of its tensor of `extent` bytes at p (this rank's own at its index), or
+  /// nullopt on every rank where some rank's cannot be exported (not within one exportable
+  /// allocation; exportable false: this rank's cannot) or some rank could not open a peer's.
+  std::optional<std::vector<char*>> registerTensors(CudaOp& op, void* p, uint64_t extent, bool exportable,
+                                                    int64_t timeout_ms);
+  /// Rank q's exported allocation, opened here (cached); throws Error(kSystem) where it cannot be.
+  char* peerAllocation(CudaOp& op, int q, const TensorExport& e);
+  /// Every rank's `each` bytes at all + rank * each to all of them (the CPU engine's all_gather).
+  void exchange(void* all, uint64_t each, int64_t timeout_ms);
   /// After the peer transport is up: every rank's programs of the algorithms that every rank's
   /// executor can walk (agreed through the Store), in device memory.
   void setUpPrograms();
@@ -300,6 +359,12 @@ class CudaGroup {
   bool nvs_direct_ = false;  // kernel stores (every rank has every peer address), else put-with-signal
   std::shared_ptr<cuda::PeerTransport> nvs_;  // assigned under watch_mu_ (the watchdog reads it)
   std::atomic<uint64_t> in_place_calls_{0};   // NVSHMEM calls whose input peers read, or whose output they write, in place
+  // Note [Registered tensors] (only touched inside tasks, and at teardown): the peers' allocations
+  // opened here, by (rank, base in its process) -> {the allocation's id there, address here};
+  // the ids of this rank's allocations that every peer has opened.
+  std::map<std::pair<int, uint64_t>, std::pair<uint64_t, char*>> mapped_;
+  std::set<uint64_t> known_;
+  std::atomic<uint64_t> registered_calls_{0};
 
   std::shared_ptr<exec::Engine> engine_;
   // The executor's programs, by (algorithm id, root; -1 when not rooted); set up with the transport.

@@ -7,7 +7,10 @@
 // waits on its own memory only; a staged rank then copies the slots into its
 // output. Cost: two flag rounds (one with put-with-signal); per rank (p-1) x n
 // written to peers, plus (p-1) x n copied locally when staged. With outputs on
-// the heap it moves the least any all_gather can: n read, p x n written.
+// the heap it moves the least any all_gather can: n read, p x n written. The
+// same kernel runs over cuda_ipc into registered outputs (Note [Registered
+// tensors] in backend/cuda_glue.hpp): the host mapped every rank's output
+// (BlockArgs::tensor), and peers store into it in place.
 #include "cuda/blocks_launch.cuh"
 
 namespace tilecomm::cuda {
@@ -29,7 +32,12 @@ __global__ void __launch_bounds__(kThreads, 2) allgatherPushKernel(BlockArgs a) 
     ok = waitPeers(a, 0, c.seq);
     for (int q = 0; ok && q < a.world; ++q) {
       if (q == a.rank) continue;
-      dst[q] = destBlock(a, q, c.seq, &staged[q]);
+      if (a.dest == kRegisteredSource) {  // the host mapped every output
+        dst[q] = a.tensor[q] + a.rank * a.stride;
+        staged[q] = false;
+      } else {
+        dst[q] = destBlock(a, q, c.seq, &staged[q]);
+      }
       aligned[q] = isAligned(dst[q]);
     }
   }

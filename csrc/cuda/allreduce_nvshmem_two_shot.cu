@@ -10,7 +10,10 @@
 // is read and written by rank r alone, so the stores need no further round.
 // Cost: two flag rounds; per rank n read from peers and n written to them;
 // staged, 2n more (copy in, copy out). With every tensor on the heap it moves
-// what SymmetricMemory's two-shot moves.
+// what SymmetricMemory's two-shot moves. The same kernel runs over cuda_ipc on
+// registered tensors (Note [Registered tensors] in backend/cuda_glue.hpp): the
+// host mapped every rank's tensor, and parts are read and stored through those
+// addresses (BlockArgs::tensor), in place, with no staging at all.
 #include "cuda/blocks_launch.cuh"
 
 namespace tilecomm::cuda {
@@ -36,6 +39,7 @@ __global__ void __launch_bounds__(kThreads, 2) allreduceNvshmemTwoShotKernel(Blo
   uint64_t lo, hi;
   blockRange(a.stride / 16, lo, hi);  // the same vectors of every part
   const bool staged = a.source == kStagedSource;
+  const bool registered = a.source == kRegisteredSource;  // every rank's tensor mapped by the host
   char* mine = stagingOf(a.peers.base[a.rank], a.capacity, c.seq);
   // stage: the parts peers read (every part but mine) into my staging buffer, unless in place
   for (int j = 0; staged && j < a.world; ++j)
@@ -49,7 +53,9 @@ __global__ void __launch_bounds__(kThreads, 2) allreduceNvshmemTwoShotKernel(Blo
     const char* src[kMaxRanks];
     char* dst[kMaxRanks];
     for (int q = 0; q < a.world; ++q) {
-      dst[q] = q == a.rank ? a.out[0] + a.rank * a.stride : const_cast<char*>(sourceBlock(a, q, c.seq, a.rank));
+      dst[q] = registered ? a.tensor[q] + a.rank * a.stride
+               : q == a.rank ? a.out[0] + a.rank * a.stride
+                             : const_cast<char*>(sourceBlock(a, q, c.seq, a.rank));
       src[q] = q == a.rank ? a.in[0] + a.rank * a.stride : dst[q];
     }
     for (uint64_t v = lo + threadIdx.x; v < top; v += kUnroll * blockDim.x) {

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "cuda/allreduce.h"
 #include "cuda/blocks_launch.cuh"
 #include "cuda/nvshmem.h"
 
@@ -20,6 +21,21 @@ const char* blockAlgoName(BlockAlgo a) {
   }
   return "?";
 }
+
+namespace {
+/// Thread blocks of a kernel whose block ranges span `span` bytes (all_reduce: of each part).
+// NOTE: the grid depends on the size only, so every rank's block b covers the same vectors and
+// raises and waits on the same flags; doubleBudget() keeps all ranks' kernels resident.
+int gridFor(const PeerTransport& t, uint64_t span) {
+  const uint64_t per_block = 16 * 4 * kUnroll * kThreads;
+  return static_cast<int>(std::clamp<uint64_t>((span + per_block - 1) / per_block, 1, t.doubleBudget()));
+}
+
+void checkLaunch(const char* what) {
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) throw Error(ErrorKind::kSystem, std::string(what) + " launch: " + cudaGetErrorString(e));
+}
+}  // namespace
 
 uint64_t runBlocks(BlockAlgo algo, PeerTransport& t, const BlockCall& call, bool put_signal, cudaStream_t stream,
                    uint64_t timeout_ns, bool* in_place) {
@@ -63,12 +79,7 @@ uint64_t runBlocks(BlockAlgo algo, PeerTransport& t, const BlockCall& call, bool
     a.source = read_in_place ? a.in[0] - own : kStagedSource;
     a.dest = write_in_place ? a.out[0] - own : kStagedSource;
     a.write = !put_signal;
-    // NOTE: the grid depends on n only, so every rank's block b covers the same vectors and
-    // raises and waits on the same flags; doubleBudget() keeps all ranks' kernels resident.
-    const uint64_t per_block = 4 * kUnroll * kThreads;
-    const uint64_t span = all ? a.stride : n;  // bytes of one block range (all_reduce: of each part)
-    const int blocks = static_cast<int>(
-        std::clamp<uint64_t>((span + 16 * per_block - 1) / (16 * per_block), 1, t.doubleBudget()));
+    const int blocks = gridFor(t, all ? a.stride : n);
     const uint64_t s = t.nextCall();  // the kernel's own sequence number (Note [Device sequence])
     if (put_signal) {  // Note [Push flags]: NVSHMEM writes the data and then the flag of thread block 0
       char* slot = stagingOf(own, t.capacity(), s) + me * a.slot;  // symmetric: the same slot on every PE
@@ -85,12 +96,50 @@ uint64_t runBlocks(BlockAlgo algo, PeerTransport& t, const BlockCall& call, bool
       case BlockAlgo::kReduceScatterPull: launchReduceScatterPull(a, blocks, call.dtype, call.op, stream); break;
       case BlockAlgo::kAllReduceTwoShot: launchAllReduceNvshmemTwoShot(a, blocks, call.dtype, call.op, stream); break;
     }
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess)
-      throw Error(ErrorKind::kSystem, std::string(blockAlgoName(algo)) + " launch: " + cudaGetErrorString(e));
+    checkLaunch(blockAlgoName(algo));
     launch = a.launch;
   }
   return launch;
+}
+
+uint64_t allReduceRegistered(PeerTransport& t, char* const* tensors, uint64_t nbytes, DType dtype, RedOp op,
+                             cudaStream_t stream, uint64_t timeout_ns) {
+  const int p = t.world();
+  if (nbytes == 0 || p > kMaxRanks || !directSupports(dtype, op))
+    throw Error(ErrorKind::kInvalid, "allreduce_two_shot_registered called outside its limits");
+  BlockArgs a{};
+  beginCall(a, t, timeout_ns, KernelKind::kAllReduce);
+  a.in[0] = a.out[0] = tensors[t.rank()];
+  for (int q = 0; q < p; ++q) a.tensor[q] = tensors[q];
+  a.nbytes = nbytes;
+  a.slot = a.stride = ((nbytes + p - 1) / p + 15) / 16 * 16;  // a part
+  a.source = kRegisteredSource;
+  a.dest = kStagedSource;
+  launchAllReduceNvshmemTwoShot(a, gridFor(t, a.stride), dtype, op, stream);
+  checkLaunch("allreduce_two_shot_registered");
+  return a.launch;
+}
+
+uint64_t allGatherRegistered(PeerTransport& t, const char* in, char* const* outputs, uint64_t nbytes,
+                             cudaStream_t stream, uint64_t timeout_ns) {
+  const int p = t.world(), me = t.rank();
+  if (nbytes == 0 || p > kMaxRanks) throw Error(ErrorKind::kInvalid, "allgather_push_registered called outside its limits");
+  BlockArgs a{};
+  beginCall(a, t, timeout_ns, KernelKind::kAllGather);
+  a.in[0] = in;
+  for (int q = 0; q < p; ++q) {
+    a.out[q] = outputs[me] + q * nbytes;
+    a.tensor[q] = outputs[q];
+  }
+  a.nbytes = nbytes;
+  a.slot = (nbytes + 255) / 256 * 256;
+  a.stride = nbytes;
+  a.source = kStagedSource;
+  a.dest = kRegisteredSource;
+  a.write = true;
+  launchAllGatherPush(a, gridFor(t, nbytes), stream);
+  checkLaunch("allgather_push_registered");
+  return a.launch;
 }
 
 }  // namespace tilecomm::cuda

@@ -19,7 +19,8 @@
 //   (phase 1); a rank read in place waits for that before its kernel ends.
 // - all_reduce two-shot: a reduce_scatter pull whose result each rank stores
 //   back into every rank's copy (in place on the heap, or staged), so that one
-//   tensor on the heap on every rank moves only what the reduction must.
+//   tensor on the heap on every rank moves only what the reduction must. Over
+//   cuda_ipc it also runs on registered tensors (allReduceRegistered).
 // Every kernel takes its sequence number from the device counter (Note
 // [Device sequence]); the host counts calls too (put_signal needs the value).
 #pragma once
@@ -64,5 +65,18 @@ struct BlockCall {
 /// of a tensor on the heap).
 uint64_t runBlocks(BlockAlgo algo, PeerTransport& t, const BlockCall& call, bool put_signal, cudaStream_t stream,
                    uint64_t timeout_ns, bool* in_place);
+
+/// Enqueues on `stream` the all_reduce two-shot over registered tensors (any peer memory whose
+/// ranks reach each other's device memory: cuda_ipc): tensors[q] is rank q's tensor of nbytes
+/// mapped into this process (tensors[rank] this rank's own), reduced in place in one kernel, with
+/// no staging and no piece limit (Note [Registered tensors] in backend/cuda_glue.hpp). Returns the
+/// kernel's launch id.
+uint64_t allReduceRegistered(PeerTransport& t, char* const* tensors, uint64_t nbytes, DType dtype, RedOp op,
+                             cudaStream_t stream, uint64_t timeout_ns);
+
+/// The same for all_gather: rank q's output (world x nbytes, mapped here) is outputs[q]; each rank
+/// stores its block `in` into block `rank` of every output (the push kernel, in place).
+uint64_t allGatherRegistered(PeerTransport& t, const char* in, char* const* outputs, uint64_t nbytes,
+                             cudaStream_t stream, uint64_t timeout_ns);
 
 }  // namespace tilecomm::cuda

@@ -121,6 +121,11 @@ __host__ __device__ inline uint64_t* pushFlagOf(char* base, int src, int block) 
 /// Where this rank's input of call seq lies, as a byte offset from its area's base on the
 /// symmetric heap (peers read it there, in place), or kStagedSource: in its staging buffer.
 constexpr int64_t kStagedSource = INT64_MIN;
+/// Registered tensors (Note [Registered tensors] in backend/cuda_glue.hpp), as the source of the
+/// all_reduce two-shot or the destination of the all_gather push: every rank's tensor is read or
+/// written in place through the addresses the host mapped (BlockArgs::tensor), not through
+/// sourceOf() / destOf().
+constexpr int64_t kRegisteredSource = INT64_MIN + 1;
 __host__ __device__ inline int64_t* sourceOf(char* base, uint64_t seq) {
   return reinterpret_cast<int64_t*>(base + kSourceOffset) + (seq & 1);
 }

@@ -104,6 +104,7 @@ def create(opts, pg_options=None):
         # How the host's GPUs are joined (NVML, no CUDA context); used at the first direct CUDA call.
         gpus = list(topology.host_gpu_links()) if getattr(_C, "HAS_CUDA", False) else []
         cuda = _cuda_thresholds(cfg, profile, world)
+        cuda["register_bytes"] = register_bytes(cfg, forced)
         if getattr(_C, "HAS_CUDA", False):
             cuda["nvshmem_algorithms"] = _nvshmem_config(cfg, forced, profile, world, len(set(topo.domains)) == 1)
         return {"settings": cfg, "labels": labels, "links": links, "token": token, "tables": tables,
@@ -204,8 +205,16 @@ def create(opts, pg_options=None):
             fence=cfg["TILECOMM_CUDA_FENCE"],
             gpu_links=[tuple(x) for x in agreed["gpu_links"]],
             nvshmem=agreed["cuda"]["nvshmem_algorithms"],
+            register_bytes=agreed["cuda"]["register_bytes"],
         )
     return pg
+
+
+def register_bytes(cfg, forced) -> list:
+    """[all_reduce, all_gather]: from which size the CUDA kernels work on registered tensors (0: never).
+    Registered outputs replace no all_gather algorithm that TILECOMM_ALGO forces (CPU or CUDA)."""
+    size = max(0, cfg["TILECOMM_CUDA_REGISTER_BYTES"])
+    return [size, 0 if forced.get("all_gather") or forced.get("cuda:all_gather") else size]
 
 
 def _cuda_thresholds(cfg, profile, world) -> dict:

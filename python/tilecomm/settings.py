@@ -114,7 +114,11 @@ SETTINGS = [
         "auto",
         "How all_reduce runs on CUDA tensors (CUDA builds). `auto`: the direct `one_shot` kernel below "
         "`TILECOMM_CUDA_TWO_SHOT_BYTES`, the direct `two_shot` kernel from there (in pieces of "
-        "`TILECOMM_CUDA_IPC_BYTES` when larger); `one_shot` or `two_shot`: that kernel (in pieces); `scheduled`: "
+        "`TILECOMM_CUDA_IPC_BYTES` when larger), and from `TILECOMM_CUDA_REGISTER_BYTES` on the two-shot kernel "
+        "on registered tensors (read and written in place, no staging; staged kernels where a tensor cannot be "
+        "registered); `one_shot` or `two_shot`: that kernel (in pieces); `registered`: the two-shot on registered "
+        "tensors at every size over cuda_ipc (where they can be registered; elsewhere, and under CUDA graph "
+        "capture, as `auto` without registration); `scheduled`: "
         "the decision table's scheduled algorithm (ring, tree, recursive_doubling, rabenseifner, hierarchical; "
         "`TILECOMM_ALGO` forces one) walked on the GPU by the schedule executor; `staged`: "
         "through pinned host memory and the CPU engine; `nvshmem_two_shot`: the NVSHMEM two-shot kernel at every "
@@ -124,9 +128,10 @@ SETTINGS = [
         "staged. Otherwise, below `TILECOMM_LL_BYTES` the LL kernel runs instead "
         "(see `TILECOMM_PROTO`). Groups whose ranks are not all in one shared-memory domain (TCP links) stage "
         "every CUDA operation. broadcast, reduce, gather, scatter, all_reduce_coalesced, and all_gather and "
-        "reduce_scatter where no LL or NVSHMEM kernel runs them, run their scheduled algorithm (the decision "
-        "table's, or `TILECOMM_ALGO`'s) on the GPU's schedule executor; all_to_all and point-to-point are staged.",
-        ("auto", "one_shot", "two_shot", "scheduled", "staged", "nvshmem_two_shot"),
+        "reduce_scatter where no LL, registered or NVSHMEM kernel runs them, run their scheduled algorithm (the "
+        "decision table's, or `TILECOMM_ALGO`'s) on the GPU's schedule executor; all_to_all and point-to-point are "
+        "staged.",
+        ("auto", "one_shot", "two_shot", "registered", "scheduled", "staged", "nvshmem_two_shot"),
     ),
     Setting(
         "TILECOMM_CUDA_IPC_BYTES",
@@ -135,6 +140,20 @@ SETTINGS = [
         "Bytes of each staging buffer of the GPU peer transport (two per rank: in GPU memory with cuda_ipc, in "
         "shared host memory with host_mapped): larger all_reduces run through the direct kernels in pieces of "
         "this size. 0: no peer transport (every CUDA operation is staged).",
+    ),
+    Setting(
+        "TILECOMM_CUDA_REGISTER_BYTES",
+        int,
+        8388608,
+        "Over cuda_ipc: all_reduce messages of at least this many bytes (with `TILECOMM_CUDA_ALLREDUCE=auto`) "
+        "register the ranks' tensors (each rank's CUDA allocation exported, and opened once by every peer, "
+        "cached) and run the two-shot kernel on them in place, with no staging copy; all_gather outputs of at "
+        "least this many bytes that are one range (all_gather_into_tensor), above the LL limit and unless "
+        "`TILECOMM_ALGO` forces an all_gather algorithm, are registered likewise and written in place by the push "
+        "kernel. 0: never. Tensors that cannot be exported (expandable segments, memory not from cudaMalloc) "
+        "take the other paths on every rank. Each registered call exchanges its tensors' handles through the "
+        "CPU engine first (every rank waits there until all issued it), and peers keep a freed allocation "
+        "mapped until its address is reused or the group ends (see docs/architecture.md).",
     ),
     Setting(
         "TILECOMM_CUDA_TWO_SHOT_BYTES",

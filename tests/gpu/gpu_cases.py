@@ -194,6 +194,82 @@ def allreduce_matrix(rank, world, gloo, dtypes, ops, sizes, unaligned=False, exp
     return calls, st
 
 
+def _registered_calls():
+    st = backend().cuda_status()
+    return int(st.split("registered_calls=")[1].split()[0])
+
+
+def allreduce_registered(rank, world, gloo):
+    """Note [Registered tensors]: all_reduce on tensors registered in place, against the closed form:
+    the same tensor again (cached mappings), views at odd offsets of one allocation (the elements
+    around them untouched), sizes that leave parts empty, a tensor freed and a new one allocated
+    (possibly at the same address), and a rank whose tensor cannot be exported (every rank then runs
+    the staged kernel). Returns whether that last part ran (it needs cupy)."""
+    d = dev()
+    calls = _registered_calls()
+
+    def reduce_checked(t, n, what, salt=0, registered=True):
+        nonlocal calls
+        t.copy_(data(rank, n, torch.float32, "sum", salt))
+        dist.all_reduce(t)
+        check_equal(t, closed_form(world, n, torch.float32, "sum", salt), what)
+        identical(gloo, t, what)
+        now = _registered_calls()
+        check(now == calls + (1 if registered else 0), f"{what}: registered calls {calls} -> {now}")
+        if registered:
+            check(backend().cuda_last_kernel() == "allreduce_two_shot_registered",
+                  f"{what}: ran {backend().cuda_last_kernel()}")
+        calls = now
+
+    for n in (1, 3, 4 * world - 1, 1031, 65543, (1 << 20) + 3):
+        t = torch.empty(n, device=d)
+        for again in range(3):
+            reduce_checked(t, n, f"registered n={n} call {again}", salt=again)
+    n = 4097
+    big = torch.zeros(3 * n + 5, device=d)
+    for at in (0, n + 1, 2 * n + 3):  # 0, 8 and 4 bytes past a 16-byte boundary
+        reduce_checked(big[at:at + n], n, f"registered view at {at}", salt=at)
+    gaps = torch.cat([big[n:n + 1], big[2 * n + 1:2 * n + 3], big[3 * n + 3:]])
+    check(bool((gaps == 0).all().item()), "registered views: elements between the views changed")
+    for round_ in range(3):  # new allocations, some at addresses a freed one had
+        t = torch.empty(1 << 18, device=d)
+        reduce_checked(t, 1 << 18, f"registered after free {round_}", salt=round_)
+        del t
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    ran_fallback = False
+    try:
+        import cupy  # noqa: PLC0415
+
+        ran_fallback = True
+    except ImportError:
+        pass
+    ran = [None] * world
+    dist.all_gather_object(ran, ran_fallback, group=gloo)
+    if all(ran):
+        n = 70001
+        arr = None
+        if rank == 0:  # stream-ordered pool memory: cudaIpcGetMemHandle refuses it
+            with cupy.cuda.Device(d.index):
+                arr = cupy.ndarray((n,), dtype=cupy.float32, memptr=cupy.cuda.MemoryAsyncPool().malloc(4 * n))
+                cupy.cuda.runtime.deviceSynchronize()
+            t = torch.from_dlpack(arr)
+        else:
+            t = torch.empty(n, device=d)
+        before = calls
+        t.copy_(data(rank, n, torch.float32, "sum"))
+        dist.all_reduce(t)
+        check_equal(t, closed_form(world, n, torch.float32, "sum"), "registered fallback")
+        deltas = [None] * world
+        dist.all_gather_object(deltas, _registered_calls() - before, group=gloo)
+        check(len(set(deltas)) == 1, f"registered fallback: ranks disagree on the path: {deltas}")
+        torch.cuda.synchronize()
+        del t, arr
+    torch.cuda.synchronize()
+    finish()
+    return all(ran)
+
+
 def allreduce_vs_gloo(rank, world, gloo, n):
     """Random float32 data: tilecomm on CUDA against Gloo on CPU (sums may round differently: allclose)."""
     g = torch.Generator().manual_seed(1234 + rank)

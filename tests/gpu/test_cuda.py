@@ -22,6 +22,7 @@ CONFIGS = {
     "auto": {},
     "one_shot": {"TILECOMM_CUDA_ALLREDUCE": "one_shot", "TILECOMM_PROTO": "simple"},
     "two_shot": {"TILECOMM_CUDA_ALLREDUCE": "two_shot", "TILECOMM_PROTO": "simple"},
+    "registered": {"TILECOMM_CUDA_ALLREDUCE": "registered", "TILECOMM_PROTO": "simple"},
     "ll": {"TILECOMM_PROTO": "ll"},
     "staged": {"TILECOMM_CUDA_ALLREDUCE": "staged", "TILECOMM_PROTO": "simple"},
     "smallipc": {"TILECOMM_CUDA_IPC_BYTES": "4096", "TILECOMM_CUDA_TWO_SHOT_BYTES": "256", "TILECOMM_LL_BYTES": "64"},
@@ -30,7 +31,7 @@ CONFIGS = {
     "host_mapped_simple": {"TILECOMM_TRANSPORT": "host_mapped", "TILECOMM_PROTO": "simple",
                            "TILECOMM_CUDA_IPC_BYTES": "65536", "TILECOMM_CUDA_TWO_SHOT_BYTES": "4096"},
 }
-EXPECT_DIRECT = {"auto": "on", "one_shot": "on", "two_shot": "on", "ll": "on", "staged": "unset", "smallipc": "on",
+EXPECT_DIRECT = {"auto": "on", "one_shot": "on", "two_shot": "on", "registered": "on", "ll": "on", "staged": "unset", "smallipc": "on",
                  "host_mapped": "on", "host_mapped_simple": "on"}
 
 ALL_DTYPES = ["float16", "bfloat16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64", "bool",
@@ -47,7 +48,7 @@ def test_allreduce_every_dtype_and_op(pools, world, config):
     assert results[0][0] > 300
 
 
-@pytest.mark.parametrize("config", ["one_shot", "two_shot", "ll", "host_mapped"])
+@pytest.mark.parametrize("config", ["one_shot", "two_shot", "registered", "ll", "host_mapped"])
 @pytest.mark.parametrize("world", WORLDS)
 def test_allreduce_unaligned(pools, world, config):
     pools.run(world, CONFIGS[config], "allreduce_matrix", dtypes=["float16", "int8", "float32", "float64"],
@@ -59,6 +60,13 @@ def test_allreduce_large(pools, world):
     # 4 MiB + 12 B of float32 is above the default cuda_ipc buffer: staged; the others run two_shot.
     pools.run(world, {}, "allreduce_matrix", dtypes=["float32", "bfloat16"], ops=["sum", "max"],
               sizes=[300_001, (1 << 20) - 1, (1 << 20) + 3], expect_direct="on")
+
+
+@pytest.mark.parametrize("world", WORLDS + [3])
+def test_allreduce_registered(pools, world):
+    ran_fallback = pools.run(world, CONFIGS["registered"], "allreduce_registered")[0]
+    if not ran_fallback:
+        pytest.skip("the mixed exportable/unexportable part needs cupy")
 
 
 @pytest.mark.parametrize("config", ["auto", "staged"])
@@ -102,6 +110,18 @@ def test_allgather_ll(pools, world, config):
            "host_mapped": {**CONFIGS["ll"], **CONFIGS["host_mapped"]}}[config]
     pools.run(world, env, "allgather_matrix", dtypes=["float16", "float32", "int8", "bool", "complex64"],
               sizes=[0, 1, 3, 17, 1031, 65536], expect_direct="on")
+
+
+@pytest.mark.parametrize("world", WORLDS + [3])
+def test_allgather_registered(pools, world):
+    # Note [Registered tensors]: from 1 byte (above LL, which simple turns off), outputs registered in place.
+    env = {"TILECOMM_CUDA_REGISTER_BYTES": "1", "TILECOMM_PROTO": "simple", "TILECOMM_NVSHMEM": "off"}
+    dtypes, sizes = ["float16", "float32", "int8", "bool", "complex64"], [0, 1, 3, 17, 1031, 65536]
+    statuses = pools.run(world, env, "allgather_matrix", dtypes=dtypes, sizes=sizes, expect_direct="on")
+    calls = [int(st.split("registered_calls=")[1].split()[0]) for st in statuses]
+    # Into a tensor (aligned, unaligned, in place) at every size but 0, and the lists whose outputs
+    # happen to lie back to back on every rank: the same count on every rank.
+    assert len(set(calls)) == 1 and calls[0] >= 3 * len(dtypes) * (len(sizes) - 1), statuses[0]
 
 
 @pytest.mark.parametrize("memory", ["cuda_ipc", "host_mapped"])

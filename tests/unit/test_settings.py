@@ -79,3 +79,20 @@ def test_unknown_protocol_raises_value_error_listing_the_choices(raw):
 def test_protocol_and_ll_crossover_read():
     got = settings.resolve({"TILECOMM_PROTO": "ll", "TILECOMM_LL_BYTES": "4096"})
     assert got["TILECOMM_PROTO"] == "ll" and got["TILECOMM_LL_BYTES"] == 4096
+
+
+def test_register_bytes_per_collective():
+    """TILECOMM_CUDA_REGISTER_BYTES: [all_reduce, all_gather]; a forced all_gather algorithm (CPU or
+    CUDA) turns registered outputs off, a forced algorithm of another collective does not."""
+    from tilecomm import _backend, selector  # noqa: PLC0415
+
+    cfg = settings.resolve({})
+    size = cfg["TILECOMM_CUDA_REGISTER_BYTES"]
+    assert size == 8 << 20
+    assert _backend.register_bytes(cfg, {}) == [size, size]
+    assert _backend.register_bytes(cfg, selector.parse_forced("all_reduce:ring")) == [size, size]
+    assert _backend.register_bytes(cfg, selector.parse_forced("all_gather:ring")) == [size, 0]
+    assert _backend.register_bytes(cfg, selector.parse_forced("all_gather:nvshmem_push")) == [size, 0]
+    assert _backend.register_bytes(cfg, selector.parse_forced("ring")) == [size, 0]  # every collective's ring
+    off = settings.resolve({"TILECOMM_CUDA_REGISTER_BYTES": "0"})
+    assert _backend.register_bytes(off, {}) == [0, 0]
