@@ -674,8 +674,10 @@ std::optional<std::vector<char*>> CudaGroup::registerTensors(CudaOp& op, void* p
   uint64_t base = 0, size = 0, id = 0;
   // NOTE: all of the tensor within the allocation: a list of outputs that lie back to back may
   // span two allocations, and peers would store past the one they opened.
+  // A known allocation needs no handle (every peer has it open), so the driver is asked for one
+  // only until it is known, not on every call.
   if (exportable && allocationOf(p, &base, &size, &id) && reinterpret_cast<uint64_t>(p) + extent <= base + size &&
-      cudaIpcGetMemHandle(&mine.handle, reinterpret_cast<void*>(base)) == cudaSuccess) {
+      (known_.count(id) || cudaIpcGetMemHandle(&mine.handle, reinterpret_cast<void*>(base)) == cudaSuccess)) {
     mine.ok = 1;
     mine.base = base;
     mine.id = id;

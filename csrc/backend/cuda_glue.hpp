@@ -48,12 +48,12 @@
 // copy in and the copy out make a two-shot move about 5n bytes per rank where the reduction needs
 // 2n. Over cuda_ipc, an all_reduce of at least TILECOMM_CUDA_REGISTER_BYTES (or every size with
 // TILECOMM_CUDA_ALLREDUCE=registered) registers the tensors instead: each rank exports the
-// allocation that holds its whole tensor (cudaIpcGetMemHandle, every call), the ranks exchange
-// {handle, allocation address and unique id, offset} with an all_gather of the CPU engine, each
-// opens what it has not opened yet (cudaIpcOpenMemHandle, cached per (rank, allocation address);
-// a new id at a known address means the old allocation was freed: its mapping is closed), and one
-// two-shot kernel reads and stores every rank's tensor in place (cuda/blocks.h,
-// allReduceRegistered). all_gather does the same with its output where that is one range
+// allocation that holds its whole tensor (cudaIpcGetMemHandle, until every peer has opened it),
+// the ranks exchange {handle, allocation address and unique id, offset} with an all_gather of the
+// CPU engine, each opens what it has not opened yet (cudaIpcOpenMemHandle, cached per (rank,
+// allocation address); a new id at a known address means the old allocation was freed: its
+// mapping is closed), and one two-shot kernel reads and stores every rank's tensor in place
+// (cuda/blocks.h, allReduceRegistered). all_gather does the same with its output where that is one range
 // (all_gather_into_tensor) of at least TILECOMM_CUDA_REGISTER_BYTES above the LL limit, unless
 // TILECOMM_ALGO forces an all_gather algorithm: each rank stores its block straight into every
 // rank's output (allgather_nvshmem_push.cu over cuda_ipc: n read, p x n written).

@@ -450,25 +450,23 @@ ProcessGroupTilecomm::Direct ProcessGroupTilecomm::directAllGather(const at::Ten
 #ifdef TILECOMM_WITH_CUDA
   if (!cuda_ || !in.is_cuda()) return nullptr;
   // Note [Registered tensors]: outputs registered in place first (large calls), then NVSHMEM's kernels
-  // or LL; the answers are the same on every rank.
+  // or LL (NVSHMEM's are offered only above the LL limit); every answer is the same on every rank.
   const bool registered = cuda_->allGatherRegisterEligible(in.nbytes());
-  if (auto algo = cuda_->allGatherBlocks(in.nbytes())) {
-    cuda::BlockCall call;
-    call.in[0] = in.data_ptr();
-    for (int q = 0; q < size_; ++q) call.out[q] = outs[q];
-    call.nbytes = in.nbytes();
-    return [this, in, outs = std::move(outs), registered, call, algo = *algo, timeout_ms](CudaOp& cop) {
-      if (registered && cuda_->allGatherRegistered(cop, in, outs, timeout_ms)) return true;
-      auto run = cuda_->nvshmemReady(cop, algo);
+  const auto blocks = cuda_->allGatherBlocks(in.nbytes());
+  const bool ll = cuda_->allGatherLL(in.nbytes());
+  if (!registered && !blocks && !ll) return nullptr;
+  cuda::BlockCall call;
+  call.in[0] = in.data_ptr();
+  for (int q = 0; q < size_; ++q) call.out[q] = outs[q];
+  call.nbytes = in.nbytes();
+  return [this, in, outs = std::move(outs), registered, blocks, ll, call, timeout_ms](CudaOp& cop) {
+    if (registered && cuda_->allGatherRegistered(cop, in, outs, timeout_ms)) return true;
+    if (blocks) {
+      auto run = cuda_->nvshmemReady(cop, *blocks);
       if (!run) return false;
       cuda_->blocksDirect(cop, *run, call, timeout_ms);
       return true;
-    };
-  }
-  const bool ll = cuda_->allGatherLL(in.nbytes());
-  if (!ll && !registered) return nullptr;
-  return [this, in, outs = std::move(outs), registered, ll, timeout_ms](CudaOp& cop) {
-    if (registered && cuda_->allGatherRegistered(cop, in, outs, timeout_ms)) return true;
+    }
     if (!ll || !cuda_->directReady(cop)) return false;
     cuda_->allGatherDirect(cop, in, outs, timeout_ms);
     return true;
