@@ -24,12 +24,15 @@ Timing (--timing barrier, the default): before each timed call, a device
 synchronize and a Gloo barrier; the call alone is timed with CUDA events; the
 median over iterations of the slowest rank. It includes the ranks' skew after
 the barrier (a collective waits for the last rank to arrive). --timing loop is
-nccl-tests' method: after warm-up calls and one barrier, `iters` calls back to
-back between two CUDA events, the time per call of the slowest rank (ranks stay
-in step, so skew is paid once per loop). "bound" is the time of every rank copying its buffer at once
-(2 x world x bytes of HBM traffic: each input read once, each output written
-once), and "copy" the HBM rate that gives; both mean something only from a few
-MB up, where the copy outlasts the barrier's skew.
+nccl-tests' method: after one barrier and 3 warm-up calls (the last of which
+ends on every rank at once, so the timed calls start in step), `iters` calls
+back to back between two CUDA events, the time per call of the slowest rank;
+each record also gives, per entry, the host's time per call in that loop
+(`host_us`: where it is near the GPU's time, the host is the limit). "copy" is
+the HBM rate of every rank copying its buffer device-to-device at once, started
+in step (copy_rate), and "bound" the time that rate gives the least traffic an
+all_reduce moves (2 x world x bytes: each input read once, each output written
+once); both mean something only from a few MB up.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import argparse
 import json
 import os
 import statistics
+import time
 
 import torch
 import torch.distributed as dist
@@ -46,9 +50,11 @@ from tilecomm import launch
 from tilecomm.bench import parse_size, sizes
 
 PATHS = ["auto", "one_shot", "two_shot", "registered", "staged"]
+HOST = {}  # "last": the last loop's host time per call (s)
 
 
 def _timed(fn, iters, barrier):
+    HOST["last"] = None  # (measured by the loop only)
     times = []
     for i in range(iters + 3):
         torch.cuda.synchronize()
@@ -64,14 +70,20 @@ def _timed(fn, iters, barrier):
 
 
 def _timed_loop(fn, iters, barrier):
-    for _ in range(3):  # warm-up calls
-        fn()
+    # The warm-up calls come after the barrier: the last one ends on every rank at about the same
+    # time (a collective waits for all ranks), so the ranks' streams start the timed calls in step
+    # and the host barrier's skew is not paid inside the loop. (For a copy, which waits for no
+    # one, the warm-ups only warm up.)
     torch.cuda.synchronize()
     barrier()
+    for _ in range(3):
+        fn()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
+    t0 = time.perf_counter()
     for _ in range(iters):
         fn()
+    HOST["last"] = (time.perf_counter() - t0) / iters  # the host's cost per call, when it is behind
     end.record()
     end.synchronize()
     return start.elapsed_time(end) * 1e-3 / iters
@@ -82,15 +94,41 @@ def timer(args):
     return _timed_loop if args.timing == "loop" else _timed
 
 
-def slowest(row, copy_s, group):
-    """Replaces each time (s) in `row` by the slowest rank's (failures stay as text); returns the slowest
-    rank's `copy_s`."""
+def copy_rate(nbytes, world, dev, iters, barrier, align, group):
+    """Bytes per second of HBM traffic (read + write) of every rank copying nbytes device-to-device at
+    once, `iters` copies back to back: after a barrier, a small collective (`align`) ends on every
+    rank at about the same time, so the copies queued behind it start together and share the GPU
+    (under CUDA_MPS_ACTIVE_THREAD_PERCENTAGE one rank alone could not fill it); the slowest rank's
+    time per copy moves 2 x world x nbytes. The same value on every rank."""
+    src, dst = torch.ones(nbytes // 4, device=dev), torch.empty(nbytes // 4, device=dev)
+    dst.copy_(src)
+    torch.cuda.synchronize()
+    barrier()
+    align()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        dst.copy_(src)
+    end.record()
+    end.synchronize()
+    t = torch.tensor([start.elapsed_time(end) * 1e-3 / iters], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    del src, dst
+    return 2 * world * nbytes / float(t[0])
+
+
+def micro(host):
+    """Host times per call (s) in microseconds, where the loop timing measured them."""
+    return {k: round(v * 1e6, 1) for k, v in host.items() if v is not None}
+
+
+def slowest(row, group):
+    """Replaces each time (s) in `row` by the slowest rank's (failures stay as text)."""
     keys = sorted(k for k, v in row.items() if isinstance(v, float))
-    t = torch.tensor([row[k] for k in keys] + [copy_s], dtype=torch.float64)
+    t = torch.tensor([row[k] for k in keys] + [0.0], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     for k, v in zip(keys, t.tolist()):
         row[k] = v
-    return float(t[-1])
 
 
 def emit(out, rank, rec, row, cell=lambda k, v: f"{k}={v * 1e6:.1f}us"):
@@ -177,15 +215,17 @@ def _rank(rank, world, args):
     out = open(args.jsonl, "a") if (args.jsonl and rank == 0) else None
     for nbytes in grid:
         n = nbytes // 4
-        iters = args.iters if nbytes <= (16 << 20) else max(3, args.iters // 4)
-        row = {}
+        iters = args.iters
+        row, host = {}, {}
         x = torch.zeros(n, device=dev)  # sums stay finite however often they run
-        runs = [(name, g, x) for name, g in groups.items()]
+        # the staging fallback takes 0.1-0.3 s per call from 64 MiB: timed up to 16 MiB only
+        runs = [(name, g, x) for name, g in groups.items() if name != "tilecomm:staged" or nbytes <= (16 << 20)]
         if heap is not None:
             runs.append(("tilecomm:nvshmem_in_place", nvs, heap[:n].zero_()))
         for name, g, t in runs:
             try:
                 row[name] = timed(lambda: dist.all_reduce(t, group=g), iters, barrier)
+                host[name] = HOST.get("last")
             except Exception as e:  # noqa: BLE001
                 row[name] = f"failed: {str(e).splitlines()[0][:60]}"
         if symm is not None:
@@ -196,20 +236,23 @@ def _rank(rank, world, args):
                 row["symm_mem:one_shot"] = timed(
                     lambda: torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", gloo.group_name), iters, barrier
                 )
+                host["symm_mem:one_shot"] = HOST.get("last")
                 row["symm_mem:two_shot"] = timed(
                     lambda: torch.ops.symm_mem.two_shot_all_reduce_(buf, "sum", gloo.group_name), iters, barrier
                 )
+                host["symm_mem:two_shot"] = HOST.get("last")
                 del buf
             except Exception as e:  # noqa: BLE001
                 row["symm_mem:one_shot"] = row.get("symm_mem:one_shot", f"failed: {str(e).splitlines()[0][:60]}")
                 row.setdefault("symm_mem:two_shot", f"failed: {str(e).splitlines()[0][:60]}")
-        src, dst = torch.ones(n, device=dev), torch.empty(n, device=dev)
-        copy_s = slowest(row, timed(lambda: dst.copy_(src), iters, barrier), gloo)
-        del src, dst, x
-        # Every rank copied its buffer at once: 2 x world x bytes of HBM traffic, the
-        # least an all_reduce can move (each input read once, each output written once).
-        emit(out, rank, dict(world=world, bytes=nbytes, timing=args.timing, copy_gbs=2 * world * nbytes / copy_s / 1e9,
-                             bound_us=copy_s * 1e6), row)
+        del x
+        slowest(row, gloo)
+        tiny = torch.zeros(1, device=dev)
+        rate = copy_rate(nbytes, world, dev, iters, barrier, lambda: dist.all_reduce(tiny, group=groups["tilecomm:auto"]), gloo)
+        # 2 x world x bytes of HBM traffic: the least an all_reduce can move (each input read once,
+        # each output written once).
+        emit(out, rank, dict(world=world, bytes=nbytes, timing=args.timing, copy_gbs=rate / 1e9,
+                             bound_us=2 * world * nbytes / rate * 1e6, host_us=micro(host)), row)
     if out:
         out.close()
     torch.cuda.synchronize()

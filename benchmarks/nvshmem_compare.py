@@ -19,8 +19,9 @@ the median over iterations of the slowest rank) it times float32 all_gather_into
   all_gather schedule on the GPU's schedule executor (``executor``), and the staged path (no peer
   transport; up to 16 MiB);
 - NVSHMEM's ``fcollect`` (nvshmemx_fcollectmem_on_stream) on symmetric tensors;
-- a device-to-device copy, for the HBM bound: every rank reads its input once and writes world x input
-  once, (1 + world) x world x bytes of traffic at the copy's rate.
+- every rank copying its input device-to-device at once, started in step (gpu_compare.copy_rate), for
+  the HBM bound: every rank reads its input once and writes world x input once, (1 + world) x world x
+  bytes of traffic at the copy's rate.
 
 With --reduce-scatter, float32 sum reduce_scatter_tensor through push, pull and pull_in_place too (bytes:
 each rank's output block).
@@ -35,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_compare import emit, parser, run_worlds, slowest, timer  # noqa: E402  (one method for the GPU comparisons)
+from gpu_compare import HOST, copy_rate, emit, micro, parser, run_worlds, slowest, timer  # noqa: E402  (one method for the GPU comparisons)
 from tilecomm import nvshmem  # noqa: E402
 from tilecomm.bench import sizes  # noqa: E402
 
@@ -84,14 +85,15 @@ def _rank(rank, world, args):
     out_file = open(args.jsonl, "a") if (args.jsonl and rank == 0) else None
     for nbytes in grid:
         n = max(1, nbytes // 4)
-        iters = args.iters if nbytes <= (16 << 20) else max(3, args.iters // 4)
+        slow = args.iters if nbytes <= (16 << 20) else max(3, args.iters // 4)  # fcollect: 7-55 ms per call
         x = torch.ones(n, device=dev)
         out = torch.empty(world * n, device=dev)
-        row, kernels = {}, {}
+        row, kernels, host = {}, {}, {}
 
         def timed(key, fn, group=None):
             try:
-                row[key] = timer(args)(fn, iters, barrier)
+                row[key] = timer(args)(fn, args.iters if group is not None else slow, barrier)
+                host[key] = HOST.get("last")
                 if group is not None:
                     kernels[key] = group._get_backend(torch.device("cuda")).cuda_last_kernel()
             except Exception as e:  # noqa: BLE001
@@ -117,13 +119,13 @@ def _rank(rank, world, args):
             sbig.fill_(1.0)
             timed("reduce_scatter:pull_in_place", lambda: dist.reduce_scatter_tensor(o, sbig, group=pull), pull)
             del big, o
-        src, dst = torch.ones(n, device=dev), torch.empty(n, device=dev)
-        copy_s = slowest(row, timer(args)(lambda: dst.copy_(src), iters, barrier), gloo)
-        del src, dst, x, out
-        copy_rate = 2 * world * nbytes / copy_s  # every rank copied its buffer at once
-        bound = (1 + world) * world * nbytes / copy_rate  # all_gather: read each input once, write each output
-        emit(out_file, rank, dict(world=world, bytes=nbytes, copy_gbs=copy_rate / 1e9, bound_us=bound * 1e6,
-                                  kernels=kernels), row, cell=lambda k, v: f"{k}={v * 1e6:.1f}us({bound / v:.0%})")
+        del x, out
+        slowest(row, gloo)
+        tiny = torch.zeros(1, device=dev)
+        rate = copy_rate(nbytes, world, dev, args.iters, barrier, lambda: dist.all_reduce(tiny, group=groups["auto"]), gloo)
+        bound = (1 + world) * world * nbytes / rate  # all_gather: read each input once, write each output
+        emit(out_file, rank, dict(world=world, bytes=nbytes, copy_gbs=rate / 1e9, bound_us=bound * 1e6,
+                                  kernels=kernels, host_us=micro(host)), row, cell=lambda k, v: f"{k}={v * 1e6:.1f}us({bound / v:.0%})")
     if out_file:
         out_file.close()
     torch.cuda.synchronize()

@@ -13,24 +13,22 @@ namespace tilecomm::cuda {
 __global__ void __launch_bounds__(kThreads, 2) allgatherPullKernel(BlockArgs a) {
   const Call c = beginCall(a);
   const uint64_t nvec = (a.nbytes + 15) / 16;
-  uint64_t lo, hi;
-  blockRange(nvec, lo, hi);
-  const uint64_t step = kUnroll * blockDim.x;
+  const Walk w = walkOf(0, nvec);  // Note [Grid walk]
   char* own = a.peers.base[a.rank];
   const bool staged = a.source == kStagedSource;
   const bool in_aligned = isAligned(a.in[0]), own_aligned = isAligned(a.out[a.rank]);
   // stage: my block into my staging buffer (unless read in place), and into my own output
   char* mine = stagingOf(own, a.capacity, c.seq);
-  for (uint64_t v = lo + threadIdx.x; v < hi; v += step) {
+  for (uint64_t v = w.first; v < w.end; v += kUnroll * w.step) {
     uint4 x[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
-      x[u] = v + u * blockDim.x < hi ? loadUser(a.in[0], v + u * blockDim.x, a.nbytes, in_aligned) : uint4{};
+      x[u] = v + u * w.step < w.end ? loadUser(a.in[0], v + u * w.step, a.nbytes, in_aligned) : uint4{};
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      if (v + u * blockDim.x >= hi) continue;
-      if (staged) storeStaging(mine, v + u * blockDim.x, x[u]);
-      storeUser(a.out[a.rank], v + u * blockDim.x, a.nbytes, own_aligned, x[u]);
+      if (v + u * w.step >= w.end) continue;
+      if (staged) storeStaging(mine, v + u * w.step, x[u]);
+      storeUser(a.out[a.rank], v + u * w.step, a.nbytes, own_aligned, x[u]);
     }
   }
   publishSource(a, c.seq);
@@ -39,7 +37,7 @@ __global__ void __launch_bounds__(kThreads, 2) allgatherPullKernel(BlockArgs a) 
   const bool ok = waitPeers(a, 0, c.seq);
   for (int i = 1; ok && i < a.world; ++i) {
     const int q = (a.rank + i) % a.world;
-    copyVectors(sourceBlock(a, q, c.seq, 0), a.out[q], a.nbytes, lo, hi);
+    copyVectors(sourceBlock(a, q, c.seq, 0), a.out[q], a.nbytes, w);
   }
   // done: a rank read in place may change its input once every peer has read it
   signal(a, 1, c.seq);

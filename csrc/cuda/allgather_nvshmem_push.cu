@@ -18,9 +18,7 @@ namespace tilecomm::cuda {
 __global__ void __launch_bounds__(kThreads, 2) allgatherPushKernel(BlockArgs a) {
   const Call c = beginCall(a);
   const uint64_t nvec = (a.nbytes + 15) / 16;
-  uint64_t lo, hi;
-  blockRange(nvec, lo, hi);
-  const uint64_t step = kUnroll * blockDim.x;
+  const Walk w = walkOf(0, nvec);  // Note [Grid walk]
   const bool in_aligned = isAligned(a.in[0]), own_aligned = isAligned(a.out[a.rank]);
   // announce: where peers write my output (a.write only: put-with-signal targets staging)
   bool ok = true;
@@ -42,23 +40,23 @@ __global__ void __launch_bounds__(kThreads, 2) allgatherPushKernel(BlockArgs a) 
     }
   }
   // send: my block into every peer, and into my own output
-  for (uint64_t v = lo + threadIdx.x; ok && v < hi; v += step) {
+  for (uint64_t v = w.first; ok && v < w.end; v += kUnroll * w.step) {
     uint4 x[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
-      x[u] = v + u * blockDim.x < hi ? loadUser(a.in[0], v + u * blockDim.x, a.nbytes, in_aligned) : uint4{};
+      x[u] = v + u * w.step < w.end ? loadUser(a.in[0], v + u * w.step, a.nbytes, in_aligned) : uint4{};
     for (int i = 1; a.write && i < a.world; ++i) {
       const int q = (a.rank + i) % a.world;
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        if (v + u * blockDim.x >= hi) continue;
-        if (staged[q]) storeStaging(dst[q], v + u * blockDim.x, x[u]);
-        else storeUser(dst[q], v + u * blockDim.x, a.nbytes, aligned[q], x[u]);
+        if (v + u * w.step >= w.end) continue;
+        if (staged[q]) storeStaging(dst[q], v + u * w.step, x[u]);
+        else storeUser(dst[q], v + u * w.step, a.nbytes, aligned[q], x[u]);
       }
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
-      if (v + u * blockDim.x < hi) storeUser(a.out[a.rank], v + u * blockDim.x, a.nbytes, own_aligned, x[u]);
+      if (v + u * w.step < w.end) storeUser(a.out[a.rank], v + u * w.step, a.nbytes, own_aligned, x[u]);
   }
   if (ok && a.write) signalPushed(a, c.seq);
   // receive: once every peer's block is here, a staged rank copies slot q into output block q
@@ -66,7 +64,7 @@ __global__ void __launch_bounds__(kThreads, 2) allgatherPushKernel(BlockArgs a) 
     const char* mine = stagingOf(a.peers.base[a.rank], a.capacity, c.seq);
     for (int i = 1; i < a.world; ++i) {
       const int q = (a.rank + i) % a.world;
-      copyVectors(mine + q * a.slot, a.out[q], a.nbytes, lo, hi);
+      copyVectors(mine + q * a.slot, a.out[q], a.nbytes, w);
     }
   }
   endCall(a, c);

@@ -26,9 +26,9 @@ __device__ __forceinline__ uint64_t partBytes(const BlockArgs& a, int j) {
   return at >= a.nbytes ? 0 : min(a.stride, a.nbytes - at);
 }
 
-/// This block's vectors of part j: [lo, min(hi, the part's vectors)).
-__device__ __forceinline__ uint64_t partTop(const BlockArgs& a, int j, uint64_t hi) {
-  return min(hi, (partBytes(a, j) + 15) / 16);
+/// This thread's vectors of part j: walk w (over a part's vectors) stopped at part j's end.
+__device__ __forceinline__ Walk partWalk(const BlockArgs& a, int j, const Walk& w) {
+  return clipped(w, (partBytes(a, j) + 15) / 16);
 }
 
 }  // namespace
@@ -36,20 +36,20 @@ __device__ __forceinline__ uint64_t partTop(const BlockArgs& a, int j, uint64_t 
 template <typename T, RedOp kOp>
 __global__ void __launch_bounds__(kThreads, 2) allreduceNvshmemTwoShotKernel(BlockArgs a) {
   const Call c = beginCall(a);
-  uint64_t lo, hi;
-  blockRange(a.stride / 16, lo, hi);  // the same vectors of every part
+  const Walk w = walkOf(0, a.stride / 16);  // the same vectors of every part (Note [Grid walk])
   const bool staged = a.source == kStagedSource;
   const bool registered = a.source == kRegisteredSource;  // every rank's tensor mapped by the host
   char* mine = stagingOf(a.peers.base[a.rank], a.capacity, c.seq);
   // stage: the parts peers read (every part but mine) into my staging buffer, unless in place
   for (int j = 0; staged && j < a.world; ++j)
-    if (j != a.rank) copyVectors(a.in[0] + j * a.stride, mine + j * a.stride, partBytes(a, j), lo, partTop(a, j, hi));
+    if (j != a.rank) copyVectors(a.in[0] + j * a.stride, mine + j * a.stride, partBytes(a, j), partWalk(a, j, w));
   publishSource(a, c.seq);
   signal(a, 0, c.seq);
   bool ok = waitPeers(a, 0, c.seq);
   if (ok) {
     // reduce: part `rank` of every rank in rank order, then store it into every rank's copy
-    const uint64_t len = partBytes(a, a.rank), top = partTop(a, a.rank, hi);
+    const uint64_t len = partBytes(a, a.rank);
+    const Walk own = partWalk(a, a.rank, w);
     const char* src[kMaxRanks];
     char* dst[kMaxRanks];
     for (int q = 0; q < a.world; ++q) {
@@ -58,15 +58,15 @@ __global__ void __launch_bounds__(kThreads, 2) allreduceNvshmemTwoShotKernel(Blo
                              : const_cast<char*>(sourceBlock(a, q, c.seq, a.rank));
       src[q] = q == a.rank ? a.in[0] + a.rank * a.stride : dst[q];
     }
-    for (uint64_t v = lo + threadIdx.x; v < top; v += kUnroll * blockDim.x) {
+    for (uint64_t v = own.first; v < own.end; v += kUnroll * own.step) {
       uint4 x[kUnroll];
-      reduceFrom<T, kOp>(src, a.world, len, v, blockDim.x, top, x);
+      reduceFrom<T, kOp>(src, a.world, len, v, own.step, own.end, x);
       for (int i = 0; i < a.world; ++i) {
         const int q = (a.rank + i) % a.world;  // staggered: peers are not all written at once
         const bool aligned = isAligned(dst[q]);
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u)
-          if (v + u * blockDim.x < top) storeUser(dst[q], v + u * blockDim.x, len, aligned, x[u]);
+          if (v + u * own.step < own.end) storeUser(dst[q], v + u * own.step, len, aligned, x[u]);
       }
     }
   }
@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(kThreads, 2) allreduceNvshmemTwoShotKernel(Blo
   if (ok) ok = waitPeers(a, 1, c.seq);
   // copy out: a staged rank's parts reduced by the peers
   for (int j = 0; ok && staged && j < a.world; ++j)
-    if (j != a.rank) copyVectors(mine + j * a.stride, a.out[0] + j * a.stride, partBytes(a, j), lo, partTop(a, j, hi));
+    if (j != a.rank) copyVectors(mine + j * a.stride, a.out[0] + j * a.stride, partBytes(a, j), partWalk(a, j, w));
   endCall(a, c);
 }
 

@@ -14,20 +14,18 @@ __global__ void __launch_bounds__(kThreads, 2) allreduceOneShotKernel(DirectArgs
   const Call c = beginCall(a);
   const uint64_t nvec = (a.nbytes + 15) / 16;
   const bool aligned = (reinterpret_cast<uintptr_t>(a.data) & 15) == 0;
-  uint64_t lo, hi;
-  blockRange(nvec, lo, hi);
-  const uint64_t step = kUnroll * blockDim.x;
+  const Walk w = walkOf(0, nvec);  // Note [Grid walk]
   // stage: this block's vectors into my staging buffer, then announce them
-  stageVectors(a, stagingOf(a.peers.base[a.rank], a.capacity, c.seq), lo, hi, aligned);
+  stageVectors(a, stagingOf(a.peers.base[a.rank], a.capacity, c.seq), w, aligned);
   signal(a, 0, c.seq);
   if (waitPeers(a, 0, c.seq)) {
     // reduce: every rank combines the same p vectors in rank order
-    for (uint64_t v = lo + threadIdx.x; v < hi; v += step) {
+    for (uint64_t v = w.first; v < w.end; v += kUnroll * w.step) {
       uint4 x[kUnroll];
-      reduceRanks<T, kOp>(a, c.seq, v, blockDim.x, hi, x);
+      reduceRanks<T, kOp>(a, c.seq, v, w.step, w.end, x);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u)
-        if (v + u * blockDim.x < hi) storeUser(a.data, v + u * blockDim.x, a.nbytes, aligned, x[u]);
+        if (v + u * w.step < w.end) storeUser(a.data, v + u * w.step, a.nbytes, aligned, x[u]);
     }
   }
   endCall(a, c);

@@ -49,16 +49,16 @@ __device__ __forceinline__ char* destBlock(const BlockArgs& a, int q, uint64_t s
   return base + at + a.rank * a.stride;
 }
 
-/// Block-wide: vectors [lo, hi) of out[0] = src[0..p-1] reduced in rank order (reduceFrom).
+/// This thread's vectors of walk w of out[0] = src[0..p-1] reduced in rank order (reduceFrom).
 template <typename T, RedOp kOp>
-__device__ __forceinline__ void reduceInto(const BlockArgs& a, const char* const* src, uint64_t lo, uint64_t hi) {
+__device__ __forceinline__ void reduceInto(const BlockArgs& a, const char* const* src, const Walk& w) {
   const bool aligned = isAligned(a.out[0]);
-  for (uint64_t v = lo + threadIdx.x; v < hi; v += kUnroll * blockDim.x) {
+  for (uint64_t v = w.first; v < w.end; v += kUnroll * w.step) {
     uint4 x[kUnroll];
-    reduceFrom<T, kOp>(src, a.world, a.nbytes, v, blockDim.x, hi, x);
+    reduceFrom<T, kOp>(src, a.world, a.nbytes, v, w.step, w.end, x);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
-      if (v + u * blockDim.x < hi) storeUser(a.out[0], v + u * blockDim.x, a.nbytes, aligned, x[u]);
+      if (v + u * w.step < w.end) storeUser(a.out[0], v + u * w.step, a.nbytes, aligned, x[u]);
   }
 }
 

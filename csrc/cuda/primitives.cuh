@@ -291,6 +291,36 @@ __device__ __forceinline__ bool llRecv(const CallArgs& a, const char* slot, uint
   }
 }
 
+// ---- the grid's walk over a range of vectors ----
+//
+// Note [Grid walk]: the bandwidth loops sweep a range of 16-byte vectors with the whole grid
+// together, as a memcpy kernel does: thread t of block b takes the vectors whose index is
+// congruent to b x blockDim + t modulo the grid's thread count, kUnroll of them per step. They
+// used to give each block one contiguous range instead; with every rank's kernel on one GPU that
+// keeps a few hundred far-apart streams open in HBM at once, and the same loops ran at 2.9 TB/s
+// on the H200 where the sweep ran at 3.8 (benchmarks/hbm_probe.cu; docs/benchmarks.md).
+// Which vectors a thread owns depends only on the grid and on the vector's index, never on where
+// a walk starts, so block b of every rank owns the same vectors of any range (the grid depends on
+// the size alone: gridFor), and a walk over a part of a range visits exactly block b's vectors in
+// that part: per-block flags keep meaning "block b's vectors are there".
+
+/// This thread's vectors of [lo, hi): first, first + step, ... below end.
+struct Walk {
+  uint64_t first;  // this thread's first vector at or above lo
+  uint64_t step;   // the grid's thread count
+  uint64_t end;    // hi
+};
+
+__device__ __forceinline__ Walk walkOf(uint64_t lo, uint64_t hi) {
+  const uint64_t step = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  uint64_t first = lo / step * step + static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (first < lo) first += step;
+  return Walk{first, step, hi};
+}
+
+/// The same walk stopped at `end` (at most w.end).
+__device__ __forceinline__ Walk clipped(const Walk& w, uint64_t end) { return Walk{w.first, w.step, min(w.end, end)}; }
+
 // ---- 16-byte vectors ----
 
 __device__ __forceinline__ bool isAligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
@@ -335,32 +365,31 @@ __device__ __forceinline__ void storeStaging(char* staging, uint64_t v, uint4 x)
   __stcg(reinterpret_cast<uint4*>(staging) + v, x);
 }
 
-/// Vectors [lo, hi) of nbytes at `src` (written by another rank this call) copied to `dst` (any
-/// alignment), kUnroll loads in flight per thread.
-__device__ __forceinline__ void copyVectors(const char* src, char* dst, uint64_t nbytes, uint64_t lo, uint64_t hi) {
+/// This thread's vectors of walk w of nbytes at `src` (written by another rank this call) copied
+/// to `dst` (any alignment), kUnroll loads in flight per thread.
+__device__ __forceinline__ void copyVectors(const char* src, char* dst, uint64_t nbytes, const Walk& w) {
   const bool aligned = isAligned(dst);
-  for (uint64_t v = lo + threadIdx.x; v < hi; v += kUnroll * blockDim.x) {
+  for (uint64_t v = w.first; v < w.end; v += kUnroll * w.step) {
     uint4 x[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) x[u] = v + u * blockDim.x < hi ? loadFrom(src, v + u * blockDim.x, nbytes) : uint4{};
+    for (int u = 0; u < kUnroll; ++u) x[u] = v + u * w.step < w.end ? loadFrom(src, v + u * w.step, nbytes) : uint4{};
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
-      if (v + u * blockDim.x < hi) storeUser(dst, v + u * blockDim.x, nbytes, aligned, x[u]);
+      if (v + u * w.step < w.end) storeUser(dst, v + u * w.step, nbytes, aligned, x[u]);
   }
 }
 
-/// This block's vectors [lo, hi) of the user's buffer copied into a staging buffer, kUnroll
+/// This thread's vectors of walk w of the user's buffer copied into a staging buffer, kUnroll
 /// loads in flight per thread.
-__device__ __forceinline__ void stageVectors(const DirectArgs& a, char* staging, uint64_t lo, uint64_t hi,
-                                             bool aligned) {
-  for (uint64_t v = lo + threadIdx.x; v < hi; v += kUnroll * blockDim.x) {
+__device__ __forceinline__ void stageVectors(const DirectArgs& a, char* staging, const Walk& w, bool aligned) {
+  for (uint64_t v = w.first; v < w.end; v += kUnroll * w.step) {
     uint4 x[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
-      x[u] = v + u * blockDim.x < hi ? loadUser(a.data, v + u * blockDim.x, a.nbytes, aligned) : uint4{};
+      x[u] = v + u * w.step < w.end ? loadUser(a.data, v + u * w.step, a.nbytes, aligned) : uint4{};
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
-      if (v + u * blockDim.x < hi) storeStaging(staging, v + u * blockDim.x, x[u]);
+      if (v + u * w.step < w.end) storeStaging(staging, v + u * w.step, x[u]);
   }
 }
 
@@ -520,12 +549,6 @@ __device__ __forceinline__ void reduceFrom(const char* const* src, int world, ui
   }
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) out[u] = acc[u].get();
-}
-
-/// This block's share [lo, hi) of `n` vectors.
-__device__ __forceinline__ void blockRange(uint64_t n, uint64_t& lo, uint64_t& hi) {
-  lo = n * blockIdx.x / gridDim.x;
-  hi = n * (blockIdx.x + 1) / gridDim.x;
 }
 
 }  // namespace tilecomm::cuda

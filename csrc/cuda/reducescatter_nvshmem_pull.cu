@@ -14,13 +14,12 @@ template <typename T, RedOp kOp>
 __global__ void __launch_bounds__(kThreads, 2) reducescatterPullKernel(BlockArgs a) {
   const Call c = beginCall(a);
   const uint64_t nvec = (a.nbytes + 15) / 16;
-  uint64_t lo, hi;
-  blockRange(nvec, lo, hi);
+  const Walk w = walkOf(0, nvec);  // Note [Grid walk]
   const bool staged = a.source == kStagedSource;
   // stage: my block for q into slot q of my staging buffer (unless read in place)
   char* mine = stagingOf(a.peers.base[a.rank], a.capacity, c.seq);
   for (int q = 0; staged && q < a.world; ++q)
-    if (q != a.rank) copyVectors(a.in[q], mine + q * a.slot, a.nbytes, lo, hi);
+    if (q != a.rank) copyVectors(a.in[q], mine + q * a.slot, a.nbytes, w);
   publishSource(a, c.seq);
   signal(a, 0, c.seq);
   // reduce: block `rank` of every rank, in rank order
@@ -28,7 +27,7 @@ __global__ void __launch_bounds__(kThreads, 2) reducescatterPullKernel(BlockArgs
   if (ok) {
     const char* src[kMaxRanks];
     for (int q = 0; q < a.world; ++q) src[q] = q == a.rank ? a.in[q] : sourceBlock(a, q, c.seq, a.rank);
-    reduceInto<T, kOp>(a, src, lo, hi);
+    reduceInto<T, kOp>(a, src, w);
   }
   // done: a rank read in place may change its input once every peer has read it
   signal(a, 1, c.seq);

@@ -13,12 +13,11 @@ template <typename T, RedOp kOp>
 __global__ void __launch_bounds__(kThreads, 2) reducescatterPushKernel(BlockArgs a) {
   const Call c = beginCall(a);
   const uint64_t nvec = (a.nbytes + 15) / 16;
-  uint64_t lo, hi;
-  blockRange(nvec, lo, hi);
+  const Walk w = walkOf(0, nvec);  // Note [Grid walk]
   // send: my block for q into slot `rank` of q's staging buffer
   for (int i = 1; a.write && i < a.world; ++i) {
     const int q = (a.rank + i) % a.world;
-    copyVectors(a.in[q], stagingOf(a.peers.base[q], a.capacity, c.seq) + a.rank * a.slot, a.nbytes, lo, hi);
+    copyVectors(a.in[q], stagingOf(a.peers.base[q], a.capacity, c.seq) + a.rank * a.slot, a.nbytes, w);
   }
   if (a.write) signalPushed(a, c.seq);
   // reduce: once every peer's block is here, all p blocks in rank order
@@ -26,7 +25,7 @@ __global__ void __launch_bounds__(kThreads, 2) reducescatterPushKernel(BlockArgs
     const char* mine = stagingOf(a.peers.base[a.rank], a.capacity, c.seq);
     const char* src[kMaxRanks];
     for (int q = 0; q < a.world; ++q) src[q] = q == a.rank ? a.in[q] : mine + q * a.slot;
-    reduceInto<T, kOp>(a, src, lo, hi);
+    reduceInto<T, kOp>(a, src, w);
   }
   endCall(a, c);
 }
