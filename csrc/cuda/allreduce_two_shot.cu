@@ -1,8 +1,9 @@
 // allreduce_two_shot (CUDA, cuda_ipc): reduce-scatter then all-gather through
 // the staging buffers. Every rank stages its buffer and announces it; rank r
 // reduces part r (1/p of the vectors, swept by the whole grid: Note [Grid
-// walk]) from all p staging buffers in rank order, writes the result into its own staging buffer and announces
-// that; then every rank copies part q from rank q. Cost: 2 flag rounds; per
+// walk]) from all p staging buffers in rank order, writes the result into its
+// own staging buffer and announces that; then every rank copies part q from
+// rank q. Cost: 2 flag rounds; per
 // rank (p-1)/p x n read and reduced plus (p-1)/p x n gathered. Wins over
 // one_shot once the bytes read, not the extra round, dominate.
 #include "cuda/allreduce.h"

@@ -23,7 +23,7 @@ const char* blockAlgoName(BlockAlgo a) {
 }
 
 namespace {
-/// Thread blocks of a kernel whose block ranges span `span` bytes (all_reduce: of each part).
+/// Thread blocks of a kernel whose walk spans `span` bytes (all_reduce: of each part; Note [Grid walk]).
 // NOTE: the grid depends on the size only, so every rank's block b covers the same vectors and
 // raises and waits on the same flags; doubleBudget() keeps all ranks' kernels resident.
 int gridFor(const PeerTransport& t, uint64_t span) {
