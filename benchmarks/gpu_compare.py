@@ -69,15 +69,17 @@ def _timed(fn, iters, barrier):
     return statistics.median(times)
 
 
-def _timed_loop(fn, iters, barrier):
+def _timed_loop(fn, iters, barrier, align=None):
     # The warm-up calls come after the barrier: the last one ends on every rank at about the same
     # time (a collective waits for all ranks), so the ranks' streams start the timed calls in step
-    # and the host barrier's skew is not paid inside the loop. (For a copy, which waits for no
-    # one, the warm-ups only warm up.)
+    # and the host barrier's skew is not paid inside the loop. What waits for no one (a copy)
+    # passes `align`, a collective that does that for it.
     torch.cuda.synchronize()
     barrier()
     for _ in range(3):
         fn()
+    if align is not None:
+        align()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     t0 = time.perf_counter()
@@ -96,22 +98,12 @@ def timer(args):
 
 def copy_rate(nbytes, world, dev, iters, barrier, align, group):
     """Bytes per second of HBM traffic (read + write) of every rank copying nbytes device-to-device at
-    once, `iters` copies back to back: after a barrier, a small collective (`align`) ends on every
-    rank at about the same time, so the copies queued behind it start together and share the GPU
+    once, `iters` copies back to back, timed as --timing loop times (_timed_loop): after the barrier
+    and the warm-up copies, a small collective (`align`) ends on every rank at about the same time, so the copies queued behind it start together and share the GPU
     (under CUDA_MPS_ACTIVE_THREAD_PERCENTAGE one rank alone could not fill it); the slowest rank's
     time per copy moves 2 x world x nbytes. The same value on every rank."""
     src, dst = torch.ones(nbytes // 4, device=dev), torch.empty(nbytes // 4, device=dev)
-    dst.copy_(src)
-    torch.cuda.synchronize()
-    barrier()
-    align()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        dst.copy_(src)
-    end.record()
-    end.synchronize()
-    t = torch.tensor([start.elapsed_time(end) * 1e-3 / iters], dtype=torch.float64)
+    t = torch.tensor([_timed_loop(lambda: dst.copy_(src), iters, barrier, align)], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     del src, dst
     return 2 * world * nbytes / float(t[0])
@@ -125,7 +117,7 @@ def micro(host):
 def slowest(row, group):
     """Replaces each time (s) in `row` by the slowest rank's (failures stay as text)."""
     keys = sorted(k for k, v in row.items() if isinstance(v, float))
-    t = torch.tensor([row[k] for k in keys] + [0.0], dtype=torch.float64)
+    t = torch.tensor([row[k] for k in keys], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     for k, v in zip(keys, t.tolist()):
         row[k] = v
@@ -215,7 +207,6 @@ def _rank(rank, world, args):
     out = open(args.jsonl, "a") if (args.jsonl and rank == 0) else None
     for nbytes in grid:
         n = nbytes // 4
-        iters = args.iters
         row, host = {}, {}
         x = torch.zeros(n, device=dev)  # sums stay finite however often they run
         # the staging fallback takes 0.1-0.3 s per call from 64 MiB: timed up to 16 MiB only
@@ -224,7 +215,7 @@ def _rank(rank, world, args):
             runs.append(("tilecomm:nvshmem_in_place", nvs, heap[:n].zero_()))
         for name, g, t in runs:
             try:
-                row[name] = timed(lambda: dist.all_reduce(t, group=g), iters, barrier)
+                row[name] = timed(lambda: dist.all_reduce(t, group=g), args.iters, barrier)
                 host[name] = HOST.get("last")
             except Exception as e:  # noqa: BLE001
                 row[name] = f"failed: {str(e).splitlines()[0][:60]}"
@@ -234,11 +225,11 @@ def _rank(rank, world, args):
                 buf.zero_()
                 symm.rendezvous(buf, gloo.group_name)
                 row["symm_mem:one_shot"] = timed(
-                    lambda: torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", gloo.group_name), iters, barrier
+                    lambda: torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", gloo.group_name), args.iters, barrier
                 )
                 host["symm_mem:one_shot"] = HOST.get("last")
                 row["symm_mem:two_shot"] = timed(
-                    lambda: torch.ops.symm_mem.two_shot_all_reduce_(buf, "sum", gloo.group_name), iters, barrier
+                    lambda: torch.ops.symm_mem.two_shot_all_reduce_(buf, "sum", gloo.group_name), args.iters, barrier
                 )
                 host["symm_mem:two_shot"] = HOST.get("last")
                 del buf
@@ -248,7 +239,7 @@ def _rank(rank, world, args):
         del x
         slowest(row, gloo)
         tiny = torch.zeros(1, device=dev)
-        rate = copy_rate(nbytes, world, dev, iters, barrier, lambda: dist.all_reduce(tiny, group=groups["tilecomm:auto"]), gloo)
+        rate = copy_rate(nbytes, world, dev, args.iters, barrier, lambda: dist.all_reduce(tiny, group=groups["tilecomm:auto"]), gloo)
         # 2 x world x bytes of HBM traffic: the least an all_reduce can move (each input read once,
         # each output written once).
         emit(out, rank, dict(world=world, bytes=nbytes, timing=args.timing, copy_gbs=rate / 1e9,
