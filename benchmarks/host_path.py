@@ -13,6 +13,13 @@ MPS daemon (`scripts/gpu-run benchmarks/host_path.py ...` starts it). For float3
 
 and, on rank 0, torch.profiler's table of 50 calls (CPU time per operator and per CUDA runtime call:
 how many event records, stream waits and launches one collective makes).
+
+The rows that take a tilecomm all_reduce apart by layers: ``backend`` calls the group's tilecomm
+backend directly (a synchronous AllreduceOptions: no torch.distributed Python, no c10d dispatcher);
+``symm_one_shot`` is SymmetricMemory's one_shot_all_reduce, one operator and one launch. For scale,
+``event_record`` is torch.cuda.Event.record and ``capture_query`` torch.cuda.is_current_stream_capturing,
+each called from Python (torch's Python around one runtime call; the profiler's table gives the
+runtime calls' own cost).
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_compare import _timed, run_worlds  # noqa: E402
+from gpu_compare import _timed, run_worlds, symmetric_memory  # noqa: E402
 from tilecomm.bench import parse_size  # noqa: E402
 
 
@@ -43,6 +50,7 @@ def _host_cost(fn, iters):
 
 def _rank(rank, world, args):
     os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(100 // world)  # before the GPU is touched (NVSHMEM)
+    os.environ["TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"] = "1"  # SymmetricMemory: ranks share the GPU
     import tilecomm  # noqa: F401  (registers the backend)
     from tilecomm import nvshmem
 
@@ -52,11 +60,24 @@ def _rank(rank, world, args):
     gloo = dist.new_group(backend="gloo")
     n = max(1, args.bytes // 4)
     x, out, y = torch.ones(n, device=dev), torch.empty(world * n, device=dev), torch.ones(n, device=dev)
+    be = dist.group.WORLD._get_backend(dev)
+    sync = dist.AllreduceOptions()
+    sync.asyncOp = False  # as dist.all_reduce passes it (the options' default is asynchronous)
+    ev = torch.cuda.Event()
     calls = {
         "all_gather": lambda: dist.all_gather_into_tensor(out, x),
         "all_reduce": lambda: dist.all_reduce(y),
+        "backend": lambda: be.allreduce([y], sync).wait(),
         "add_": lambda: y.add_(0.0),  # one plain kernel launch, for scale
+        "event_record": lambda: ev.record(),
+        "capture_query": torch.cuda.is_current_stream_capturing,
     }
+    symm = symmetric_memory(gloo, rank)
+    if symm is not None:
+        sbuf = symm.empty(n, dtype=torch.float32, device=dev)
+        sbuf.zero_()
+        symm.rendezvous(sbuf, gloo.group_name)
+        calls["symm_one_shot"] = lambda: torch.ops.symm_mem.one_shot_all_reduce(sbuf, "sum", gloo.group_name)
     try:
         sx = nvshmem.symmetric_empty(n, dtype=torch.float32)
         so = nvshmem.symmetric_empty(world * n, dtype=torch.float32)
@@ -71,7 +92,6 @@ def _rank(rank, world, args):
         t = torch.tensor([host, event], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=gloo)
         row[name] = t.tolist()
-    be = dist.group.WORLD._get_backend(dev)
     if rank == 0:
         print(f"world={world} bytes={args.bytes} last kernel={be.cuda_last_kernel()}")
         for name, (host, event) in row.items():

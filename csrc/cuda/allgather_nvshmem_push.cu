@@ -47,11 +47,13 @@ __global__ void __launch_bounds__(kThreads, 2) allgatherPushKernel(BlockArgs a) 
       x[u] = v + u * w.step < w.end ? loadUser(a.in[0], v + u * w.step, a.nbytes, in_aligned) : uint4{};
     for (int i = 1; a.write && i < a.world; ++i) {
       const int q = (a.rank + i) % a.world;
+      char* const to = dst[q];  // in registers: a store through `to` could alias the arrays
+      const bool to_staging = staged[q], to_aligned = aligned[q];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         if (v + u * w.step >= w.end) continue;
-        if (staged[q]) storeStaging(dst[q], v + u * w.step, x[u]);
-        else storeUser(dst[q], v + u * w.step, a.nbytes, aligned[q], x[u]);
+        if (to_staging) storeStaging(to, v + u * w.step, x[u]);
+        else storeUser(to, v + u * w.step, a.nbytes, to_aligned, x[u]);
       }
     }
 #pragma unroll

@@ -63,10 +63,11 @@ __global__ void __launch_bounds__(kThreads, 2) allreduceNvshmemTwoShotKernel(Blo
       reduceFrom<T, kOp>(src, a.world, len, v, own.step, own.end, x);
       for (int i = 0; i < a.world; ++i) {
         const int q = (a.rank + i) % a.world;  // staggered: peers are not all written at once
-        const bool aligned = isAligned(dst[q]);
+        char* const to = dst[q];  // in a register: a store through it could alias the array
+        const bool aligned = isAligned(to);
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u)
-          if (v + u * own.step < own.end) storeUser(dst[q], v + u * own.step, len, aligned, x[u]);
+          if (v + u * own.step < own.end) storeUser(to, v + u * own.step, len, aligned, x[u]);
       }
     }
   }

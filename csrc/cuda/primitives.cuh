@@ -325,14 +325,56 @@ __device__ __forceinline__ Walk clipped(const Walk& w, uint64_t end) { return Wa
 
 __device__ __forceinline__ bool isAligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
+// Note [Registers]: a vector is never addressed byte by byte through memory. A byte loop over
+// `reinterpret_cast<char*>(&x)[i]` with a run-time i puts x in local memory, and the compiler
+// then stored every vector there before testing whether the byte path runs: one more 16-byte
+// local store per 16-byte global access, in memory that the 1024 threads of an SM share with the
+// L1. It cost the bandwidth kernels 10-40% of their time at 64-256 MiB (docs/benchmarks.md). The
+// helpers below unroll the byte loop over constant indices and build or split the vector with
+// shifts, so it stays in registers. `nvcc -Xptxas -v` prints a kernel's stack frame; the
+// `ld.local` / `st.local` of its PTX show what uses it.
+
+/// Word k (a constant after unrolling) of x.
+__device__ __forceinline__ uint32_t wordOf(const uint4& x, int k) {
+  return k == 0 ? x.x : k == 1 ? x.y : k == 2 ? x.z : x.w;
+}
+
+/// The first min(len, 16) bytes of a vector read one by one with load(byte address), the rest zero.
+template <typename Load>
+__device__ __forceinline__ uint4 loadBytes(const char* p, uint64_t len, Load load) {
+  uint32_t w0 = 0, w1 = 0, w2 = 0, w3 = 0;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    if (static_cast<uint64_t>(i) >= len) break;
+    const uint32_t b = static_cast<uint32_t>(static_cast<uint8_t>(load(p + i))) << (8 * (i % 4));
+    if (i < 4) w0 |= b;
+    else if (i < 8) w1 |= b;
+    else if (i < 12) w2 |= b;
+    else w3 |= b;
+  }
+  return make_uint4(w0, w1, w2, w3);
+}
+
+/// The first min(len, 16) bytes of x stored one by one.
+__device__ __forceinline__ void storeBytes(char* p, uint64_t len, const uint4& x) {
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    if (static_cast<uint64_t>(i) >= len) break;
+    p[i] = static_cast<char>(wordOf(x, i / 4) >> (8 * (i % 4)));
+  }
+}
+
+/// Bytes of vector v that lie below nbytes (0..16).
+__device__ __forceinline__ uint64_t bytesOf(uint64_t v, uint64_t nbytes) {
+  const uint64_t off = v * 16;
+  return off >= nbytes ? 0 : min(nbytes - off, static_cast<uint64_t>(16));
+}
+
 /// Vector v of the user's buffer; bytes past nbytes read as zero.
 __device__ __forceinline__ uint4 loadUser(const char* p, uint64_t v, uint64_t nbytes, bool aligned) {
   const uint64_t off = v * 16;
   if (aligned && off + 16 <= nbytes) return *reinterpret_cast<const uint4*>(p + off);
-  uint4 r = make_uint4(0, 0, 0, 0);
-  char* b = reinterpret_cast<char*>(&r);
-  for (int i = 0; i < 16 && off + i < nbytes; ++i) b[i] = p[off + i];
-  return r;
+  return loadBytes(p + off, bytesOf(v, nbytes), [](const char* b) { return *b; });
 }
 
 /// Writes vector v into the user's buffer, never past nbytes.
@@ -342,8 +384,7 @@ __device__ __forceinline__ void storeUser(char* p, uint64_t v, uint64_t nbytes, 
     *reinterpret_cast<uint4*>(p + off) = x;
     return;
   }
-  const char* b = reinterpret_cast<const char*>(&x);
-  for (int i = 0; i < 16 && off + i < nbytes; ++i) p[off + i] = b[i];
+  storeBytes(p + off, bytesOf(v, nbytes), x);
 }
 
 /// A peer's staging vector: 16-byte load cached in L2 only (peers write it between calls).
@@ -355,10 +396,7 @@ __device__ __forceinline__ uint4 loadPeer(const char* staging, uint64_t v) {
 __device__ __forceinline__ uint4 loadFrom(const char* p, uint64_t v, uint64_t nbytes) {
   const uint64_t off = v * 16;
   if ((reinterpret_cast<uintptr_t>(p) & 15) == 0 && off + 16 <= nbytes) return loadPeer(p, v);
-  uint4 r = make_uint4(0, 0, 0, 0);
-  char* b = reinterpret_cast<char*>(&r);
-  for (int i = 0; i < 16 && off + i < nbytes; ++i) b[i] = p[off + i];
-  return r;
+  return loadBytes(p + off, bytesOf(v, nbytes), [](const char* b) { return *b; });
 }
 
 __device__ __forceinline__ void storeStaging(char* staging, uint64_t v, uint4 x) {
@@ -538,9 +576,10 @@ __device__ __forceinline__ void reduceFrom(const char* const* src, int world, ui
                                            uint64_t stride, uint64_t hi, uint4 (&out)[kUnroll]) {
   Vec<T> acc[kUnroll];
   for (int q = 0; q < world; ++q) {
+    const char* const from = src[q];  // once per rank, in a register
     uint4 x[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) x[u] = v0 + u * stride < hi ? loadFrom(src[q], v0 + u * stride, nbytes) : uint4{};
+    for (int u = 0; u < kUnroll; ++u) x[u] = v0 + u * stride < hi ? loadFrom(from, v0 + u * stride, nbytes) : uint4{};
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       if (q == 0) acc[u].set(x[u]);

@@ -80,10 +80,7 @@ __device__ bool waitAtLeast(const SchedArgs& a, const uint64_t* p, uint64_t want
 __device__ __forceinline__ uint4 loadBuf(const char* p, uint64_t v, uint64_t nbytes, bool aligned) {
   const uint64_t off = v * 16;
   if (aligned && off + 16 <= nbytes) return __ldcg(reinterpret_cast<const uint4*>(p + off));
-  uint4 r = make_uint4(0, 0, 0, 0);
-  char* b = reinterpret_cast<char*>(&r);
-  for (int i = 0; i < 16 && off + i < nbytes; ++i) b[i] = __ldcg(p + off + i);
-  return r;
+  return loadBytes(p + off, bytesOf(v, nbytes), [](const char* b) { return __ldcg(b); });  // Note [Registers]
 }
 
 /// Block-wide: one step's channel `ch` (data: the step's bytes in this rank's buffer). False if
