@@ -29,7 +29,11 @@ import numpy as np
 from tilecomm import algorithms, selector
 
 POOR_FIT = 0.5  # relative RMS error above which a fit is reported as poor
-MIN_CORRECTION = 0.1  # a correction below this would make a term vanish outside the measured sizes
+# A correction below this would make a term vanish outside the measured sizes. Not higher: the link's
+# alpha comes from a point-to-point ping-pong, whose thread hand-offs can cost 10-30x a collective's
+# round on a box with fewer cores than ranks (docs/selector.md), and latency corrections of 0.03-0.09
+# were fitted there.
+MIN_CORRECTION = 0.01
 
 
 class FitWarning(UserWarning):

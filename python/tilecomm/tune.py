@@ -3,6 +3,7 @@
     python -m tilecomm.tune --world-sizes 2,4,8 -b 8 -e 16M -f 4 -n 20 -o profile.json
     TILECOMM_PROFILE=profile.json python train.py          # groups then select with it
     python -m tilecomm.tune --validate profile.json --world-sizes 2,4,8 --json report.json
+    python -m tilecomm.tune --validate other.json --measured report.json   # the same times, another profile
 
 Spawns its own ranks for each world size (under torchrun: runs at torchrun's
 world size). Tuning measures, then fits with ``tilecomm.fit``:
@@ -18,7 +19,10 @@ world size). Tuning measures, then fits with ``tilecomm.fit``:
 It writes a profile JSON (docs/selector.md). ``--validate`` times
 auto-selection under a profile against every forced algorithm and prints, per
 collective and world size, the model's prediction error and the regret (time
-of the auto-selected algorithm / time of the fastest).
+of the auto-selected algorithm / time of the fastest), and the totals over
+the points where there is a choice. ``--validate PROFILE --measured REPORT.json`` scores PROFILE
+against the times of an earlier ``--json`` report instead of measuring: a
+profile fitted on one run, checked on another run's times.
 
 GPUs: ``--cuda-from LATENCY.jsonl`` fits the CUDA kernels' constants
 (``tilecomm.cuda_model``) to the CUDA-graph times that
@@ -417,6 +421,28 @@ def validation_rows(results, profile):
     return rows
 
 
+def validation_totals(rows) -> dict:
+    """The targets' figures over every point with a choice (rows of one algorithm, barrier, left out):
+    regret mean (overall and per world size, each point counted once) and worst, the median of the
+    rows' prediction-error medians, and how many points chose the fastest."""
+    choice = [r for r in rows if r["algorithms"] > 1]
+    if not choice:
+        return {}
+
+    def mean(rs):
+        return sum(r["regret_mean"] * r["sizes"] for r in rs) / sum(r["sizes"] for r in rs)
+
+    worlds = sorted({r["world"] for r in choice})
+    return {
+        "points": sum(r["sizes"] for r in choice),
+        "regret_mean": mean(choice),
+        "regret_mean_by_world": {w: mean([r for r in choice if r["world"] == w]) for w in worlds},
+        "regret_worst": max(r["regret_worst"] for r in choice),
+        "error_median": statistics.median(r["error_median"] for r in rows),
+        "picked_fastest": sum(r["picked_fastest"] for r in choice),
+    }
+
+
 def validation_markdown(rows, profile_desc) -> str:
     lines = [
         f"Profile: {profile_desc}",
@@ -440,6 +466,16 @@ def validation_markdown(rows, profile_desc) -> str:
             f"| {_pct(r['error_worst'])} | {r['regret_mean']:.2f} | {r['regret_median']:.2f} "
             f"| {r['regret_worst']:.2f} | {r['auto_run_median']:.2f} | {r['picked_fastest']}/{r['sizes']} |"
         )
+    t = validation_totals(rows)
+    if t:
+        by_world = " / ".join(f"{v:.3f}" for v in t["regret_mean_by_world"].values())
+        worlds = " / ".join(str(w) for w in t["regret_mean_by_world"])
+        lines += [
+            "",
+            f"Over the {t['points']} points with a choice: regret mean {t['regret_mean']:.3f} ({by_world} at world "
+            f"sizes {worlds}), worst {t['regret_worst']:.2f}; prediction error, median of the medians "
+            f"{_pct(t['error_median'])}; chose the fastest at {t['picked_fastest']}/{t['points']}.",
+        ]
     return "\n".join(lines)
 
 
@@ -453,10 +489,23 @@ def validate(args, worlds):
     if cfg["TILECOMM_ALGO"]:
         print(f"# TILECOMM_ALGO={cfg['TILECOMM_ALGO']!r} is ignored: auto-selection is validated", file=sys.stderr)
     abspath = os.path.abspath(path) if path else ""
-    results = _run_worlds(_validate_worker, worlds, args, abspath)
+    if args.measured:  # the times of an earlier report, scored again with this profile: nothing runs
+        try:
+            with open(args.measured) as f:
+                results = json.load(f)["measured"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise SystemExit(f"tilecomm.tune: --measured {args.measured}: not a --validate --json report ({e})")
+    else:
+        results = _run_worlds(_validate_worker, worlds, args, abspath)
     if results is None:
         return 0
-    rows = validation_rows(results, profile)
+    try:
+        rows = validation_rows(results, profile)
+    except (KeyError, TypeError, IndexError, ValueError) as e:
+        if not args.measured:
+            raise
+        raise SystemExit(f"tilecomm.tune: --measured {args.measured}: its times do not fit this version's "
+                         f"algorithms ({type(e).__name__}: {e})") from None
     print(validation_markdown(rows, selector.describe_profile(profile, abspath or None)))
     if args.json:
         with open(args.json, "w") as f:
@@ -523,6 +572,9 @@ def build_parser():
         help="check PROFILE (default: TILECOMM_PROFILE, else the shipped one) instead of tuning",
     )
     p.add_argument("--json", default="", help="with --validate: also write the report (and the times) here")
+    p.add_argument("--measured", default="", metavar="REPORT_JSON",
+                   help="with --validate: score PROFILE against the times of an earlier --json report instead of "
+                        "measuring (a profile fitted on one run, checked on another)")
     p.add_argument("--cuda-from", default="", metavar="LATENCY_JSONL",
                    help="fit the CUDA kernels' constants to benchmarks/gpu_latency.py records instead of tuning")
     return p
@@ -542,6 +594,8 @@ def main(argv=None):
         worlds = [int(os.environ["WORLD_SIZE"])]
         if worlds[0] < 2:
             parser.error("under torchrun: needs at least 2 ranks")
+    if args.measured and args.validate is None:
+        parser.error("--measured goes with --validate")
     return validate(args, worlds) if args.validate is not None else tune(args, worlds)
 
 

@@ -1,6 +1,8 @@
 """tilecomm.tune's offline parts (no ranks spawned): raw points, validation report, command line;
 and the model lines of tilecomm.plot."""
 
+import json
+
 import pytest
 
 from tilecomm import algorithms, plot, selector, tune
@@ -124,3 +126,45 @@ def test_plot_model_series_predicts_each_forced_algorithm():
         t = selector.predict_algo(ring, 4, n, prof).total_s
         assert t_us == pytest.approx(t * 1e6)
         assert busbw == pytest.approx(n / t / 1e9 * 2 * 3 / 4)
+
+
+def test_validation_totals_count_only_points_with_a_choice():
+    def row(coll, world, sizes, algos, err, mean, worst, picked):
+        return {"collective": coll, "world": world, "sizes": sizes, "algorithms": algos, "error_median": err,
+                "error_worst": err, "regret_mean": mean, "regret_median": mean, "regret_worst": worst,
+                "auto_run_median": 1.0, "picked_fastest": picked}
+
+    rows = [row("all_reduce", 2, 3, 7, 0.1, 1.2, 1.5, 1), row("gather", 4, 1, 2, 0.3, 1.0, 1.0, 1),
+            row("barrier", 4, 1, 1, 0.2, 1.0, 1.0, 1)]
+    t = tune.validation_totals(rows)
+    assert t["points"] == 4 and t["picked_fastest"] == 2
+    assert t["regret_mean"] == pytest.approx((3 * 1.2 + 1.0) / 4)
+    assert t["regret_mean_by_world"] == pytest.approx({2: 1.2, 4: 1.0})
+    assert t["regret_worst"] == 1.5
+    assert t["error_median"] == pytest.approx(0.2)  # of every row's median
+    assert "Over the 4 points with a choice: regret mean 1.150 (1.200 / 1.000 at world sizes 2 / 4)" in (
+        tune.validation_markdown(rows, "p"))
+    assert tune.validation_totals([rows[2]]) == {}
+
+
+def test_validate_measured_scores_an_earlier_report_without_running(tmp_path, capsys):
+    prof = selector.DEFAULT_PROFILE
+    sizes = [8, 1 << 20]
+    names = [a.name for a in algorithms.for_collective("broadcast")]
+    times = {nm: [2 * selector.predict_algo(algorithms.by_name(nm), 4, n, prof).total_s for n in sizes]
+             for nm in names}
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"profile": "x", "rows": [],
+                                  "measured": [_fake_results(4, "broadcast", times, times[names[0]], sizes)]}))
+    assert tune.main(["--validate", "", "--measured", str(report), "--world-sizes", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "| broadcast | 4 | 2 |" in out and "Over the 2 points with a choice" in out
+    report.write_text(json.dumps({"measured": [{"world": 4, "collectives": {"broadcast": {"no_such": [[8, 1.0]]}}}]}))
+    with pytest.raises(SystemExit, match="do not fit this version's algorithms"):
+        tune.main(["--validate", "", "--measured", str(report)])
+    report.write_text("{}")
+    with pytest.raises(SystemExit, match="not a --validate --json report"):
+        tune.main(["--validate", "", "--measured", str(report)])
+    with pytest.raises(SystemExit) as e:
+        tune.main(["--measured", str(report)])
+    assert e.value.code == 2
