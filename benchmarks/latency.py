@@ -22,25 +22,22 @@ import tilecomm  # noqa: F401  (registers the backend)
 from tilecomm import launch
 
 
-def _rank(rank, world, backend, coll, nbytes, iters, out, async_op=False):
+def _rank(rank, world, backend, coll, nbytes, iters, out):
     dist.init_process_group(backend, rank=rank, world_size=world)
     n = max(nbytes // 4, 1)
     x = torch.full((n,), float(rank + 1))
     outs = torch.empty(n * world)
 
     def call():
-        # --async-op: each call issued asynchronously and waited on at once (work.wait())
         if coll == "all_reduce":
             x.fill_(float(rank + 1))
-            w = dist.all_reduce(x, async_op=async_op)
+            dist.all_reduce(x)
         elif coll == "all_gather":
-            w = dist.all_gather_into_tensor(outs, x, async_op=async_op)
+            dist.all_gather_into_tensor(outs, x)
         elif coll == "broadcast":
-            w = dist.broadcast(x, src=0, async_op=async_op)
+            dist.broadcast(x, src=0)
         elif coll == "barrier":
-            w = dist.barrier(async_op=async_op)
-        if async_op:
-            w.wait()
+            dist.barrier()
 
     for _ in range(max(iters // 10, 10)):
         call()
@@ -79,10 +76,9 @@ def main():
     ap.add_argument("--collective", default="all_reduce", choices=["all_reduce", "all_gather", "broadcast", "barrier"])
     ap.add_argument("-n", type=int, default=2000, help="timed calls (Gloo gets a tenth, at least 100)")
     ap.add_argument("--backends", default="tilecomm,gloo")
-    ap.add_argument("--async-op", action="store_true", help="issue each call with async_op=True and wait on it at once")
     args = ap.parse_args()
     out = f"/tmp/tilecomm-latency-{os.getpid()}.txt"
-    print(f"# {args.collective}, {args.bytes} B float32, {os.cpu_count()} cores" + (", async_op=True + wait()" if args.async_op else ""))
+    print(f"# {args.collective}, {args.bytes} B float32, {os.cpu_count()} cores")
     print(f"{'world':>5} {'backend':>10} {'us/call':>10} {'cpu us/call':>12} {'switches/call':>14} {'ratio':>7} "
           f"{'ok':>4}")
     try:
@@ -90,7 +86,7 @@ def main():
             rows = []
             for b in args.backends.split(","):
                 iters = args.n if b == "tilecomm" else max(args.n // 10, 100)
-                launch.run(_rank, world, b, args.collective, args.bytes, iters, out, args.async_op)
+                launch.run(_rank, world, b, args.collective, args.bytes, iters, out)
                 with open(out) as f:
                     dt, sw, cpu, bad = (float(v) for v in f.read().split())
                 rows.append((b, dt, sw, cpu, bad == 0))

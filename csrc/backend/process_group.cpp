@@ -162,7 +162,6 @@ bool TilecommWork::isCompleted() {
 }
 
 bool TilecommWork::wait(std::chrono::milliseconds timeout) {
-  if (auto engine = engine_.lock()) engine->runQueued(ticket_);  // nothing if it has started
   bool done = c10d::Work::wait(timeout);  // the host part; then synchronize()
 #ifdef TILECOMM_WITH_CUDA
   // NOTE: the end event is queried only once a direct kernel of the group has failed (a word in
@@ -340,7 +339,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::launch(c10d::OpType type, b
   // NOTE: an operation issued from a Future callback (on the worker thread) runs
   // right away; queued behind the callback's own task it would never run.
   if (async && !engine_->onWorkerThread()) {
-    work->queued(engine_, engine_->submit(std::move(task)));
+    engine_->submit(std::move(task));
   } else {
     engine_->runNow(std::move(task));
   }

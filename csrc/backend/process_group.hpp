@@ -71,12 +71,6 @@ class TilecommWork : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   /// Marks the work done (successfully when eptr is null) and completes its future.
   void complete(std::exception_ptr eptr, int source = -1);
-  /// An asynchronous operation's place in its engine's queue: wait() runs it on the waiting
-  /// thread if the worker has not started it yet (Note [Waiting runs] in exec/engine.h).
-  void queued(std::weak_ptr<exec::Engine> engine, uint64_t ticket) {
-    engine_ = std::move(engine);
-    ticket_ = ticket;
-  }
 
  private:
   void completeFuture(c10::ivalue::Future& future);  // once both the Future and the outcome exist
@@ -89,8 +83,6 @@ class TilecommWork : public c10d::Work {
   bool finished_ = false;
   std::exception_ptr result_;  // the outcome, set before finished_
   int source_ = -1;
-  std::weak_ptr<exec::Engine> engine_;  // set by queued(): asynchronous operations only
-  uint64_t ticket_ = 0;
 };
 
 class ProcessGroupTilecomm : public c10d::Backend {

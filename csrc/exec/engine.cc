@@ -142,30 +142,11 @@ void Engine::allToAll(uint16_t algo, const char* in, const std::vector<size_t>& 
                         timeout});
 }
 
-uint64_t Engine::submit(Task task) {
+void Engine::submit(Task task) {
   std::unique_lock<std::mutex> lk(mu_);
-  const uint64_t ticket = next_ticket_++;
-  queue_.emplace_back(ticket, std::move(task));
+  queue_.emplace_back(next_ticket_++, std::move(task));
   lk.unlock();
   worker_cv_.notify_one();
-  return ticket;
-}
-
-void Engine::runQueued(uint64_t ticket) {
-  if (onWorkerThread()) return;  // the worker runs its queue itself (runNowOnWorker)
-  std::unique_lock<std::mutex> lk(mu_);
-  // NOTE: a task still in the queue has not been started; the one at its front whose ticket is
-  // being served is next in issue order (a synchronous caller's turn is never in the queue).
-  while (!queue_.empty() && queue_.front().first == serving_ && serving_ <= ticket) {
-    Task t = std::move(queue_.front().second);
-    queue_.pop_front();
-    lk.unlock();
-    t.run();
-    lk.lock();
-    advance(lk);
-    t.done();
-    lk.lock();
-  }
 }
 
 void Engine::runNow(Task task) {

@@ -3,8 +3,7 @@
 //
 // Note [Issue order]: every collective gets a ticket when it is issued and
 // runs when all earlier tickets are done. Asynchronous collectives run on the
-// group's worker thread (or on a thread that waits for one before the worker
-// started it: Note [Waiting runs]); a synchronous one (the caller waits right away) runs
+// group's worker thread; a synchronous one (the caller waits right away) runs
 // on the caller's thread once its turn comes, which saves two thread hand-offs
 // on the latency-critical path. Point-to-point operations run on a second
 // thread over their own lane, so an isend never holds up a collective.
@@ -89,15 +88,8 @@ class Engine {
     std::function<void()> run;
     std::function<void()> done;
   };
-  /// Runs on the worker thread in issue order (or on the thread that waits for it: runQueued);
-  /// returns its ticket.
-  uint64_t submit(Task task);
+  void submit(Task task);  // runs on the worker thread in issue order
   void runNow(Task task);  // runs on this thread once every earlier task is done
-  /// Note [Waiting runs]: from a thread about to wait for the task with `ticket` (submitted
-  /// earlier): runs it here, with the queued tasks ahead of it, as long as each is next in issue
-  /// order and the worker has not taken it. The worker would need a wake-up (a futex and, with
-  /// ranks outnumbering cores, a context switch) before starting; the waiter is already running.
-  void runQueued(uint64_t ticket);
   P2PEngine& p2p() { return *p2p_; }
   bool onWorkerThread() const { return std::this_thread::get_id() == worker_.get_id(); }
 
