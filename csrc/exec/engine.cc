@@ -166,6 +166,10 @@ void Engine::runNow(Task task) {
 }
 
 void Engine::runNowOnWorker(Task task) {
+  // NOTE: the drained tasks report only after this one has run. Their `done`
+  // runs callbacks, and a callback's own runNow would wait for this task's
+  // turn, which no thread but this one can give (a deadlock).
+  std::vector<std::function<void()>> reports;
   std::unique_lock<std::mutex> lk(mu_);
   uint64_t ticket = next_ticket_++;
   while (serving_ != ticket) {
@@ -176,7 +180,7 @@ void Engine::runNowOnWorker(Task task) {
       ahead.run();
       lk.lock();
       advance(lk);
-      ahead.done();
+      reports.push_back(std::move(ahead.done));
       lk.lock();
     } else {  // another thread's synchronous call holds the turn
       ++turn_waiters_;
@@ -188,6 +192,7 @@ void Engine::runNowOnWorker(Task task) {
   task.run();
   lk.lock();
   advance(lk);
+  for (auto& done : reports) done();
   task.done();
 }
 

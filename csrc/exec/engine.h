@@ -103,7 +103,8 @@ class Engine {
  private:
   void workerLoop();
   /// runNow from inside a callback on the worker thread: runs the queued tasks
-  /// ahead of this one itself (nobody else would), then this one.
+  /// ahead of this one itself (nobody else would), then this one, and reports
+  /// them all after it.
   void runNowOnWorker(Task task);
   /// Marks the running task done and wakes whoever runs next. Unlocks lk.
   void advance(std::unique_lock<std::mutex>& lk);

@@ -1810,6 +1810,32 @@ def spawn_future_callback_collective(rank, world, port, timeout_s=30, wait_s=15,
     return {"finished": finished, "value": value}
 
 
+def spawn_future_callbacks_queued(rank, world, port, timeout_s=30, wait_s=15, backend_name="tilecomm"):
+    """Two async collectives queued, each with a then() callback that runs a synchronous one.
+
+    The first callback runs on the progress thread while the second collective
+    is still queued; running that one must not leave its own callback waiting
+    for the first callback's turn. Bounded: a deadlock is reported, not waited out.
+    """
+    _init(rank, world, port, timeout_s, backend_name)
+    dist.barrier()
+
+    def cb(fut):
+        y = fut.value()[0].clone()
+        dist.all_reduce(y)
+        return y
+
+    def chain():
+        a = torch.ones(1 << 20)  # large: the callbacks are registered before the all_reduces complete
+        b = torch.full((1 << 20,), 2.0)
+        fa = dist.all_reduce(a, async_op=True).get_future().then(cb)
+        fb = dist.all_reduce(b, async_op=True).get_future().then(cb)
+        return [float(fa.wait()[0]), float(fb.wait()[0])]
+
+    finished, value = _bounded(chain, wait_s)
+    return {"finished": finished, "value": value}
+
+
 def spawn_ddp_powersgd(rank, world, port, timeout_s=30, wait_s=30, steps=4, backend_name="tilecomm"):
     """DDP + PowerSGD hook over tilecomm (bounded: a deadlock is reported, not waited out)."""
     _init(rank, world, port, timeout_s, backend_name)

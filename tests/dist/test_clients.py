@@ -48,7 +48,7 @@ def test_ddp_fp16_compress_hook(pools, cfg):
     _run(pools, cfg, "ddp_comm_hook", hook="fp16")
 
 
-# These two once deadlocked the backend's progress thread, so they run in processes
+# These once deadlocked the backend's progress thread, so they run in processes
 # of their own with bounded waits (a deadlock costs seconds, not the pool).
 
 
@@ -59,6 +59,15 @@ def test_collective_inside_future_callback():
         assert o.status == "ok", str(o)
         assert o.result["finished"], f"rank {o.rank}: the chained future never completed (deadlock)"
         assert o.result["value"] == [3.0, 3.0, 3.0], o.result  # (0 + 1) + (1 + 1) from the two inner all_reduces
+
+
+def test_queued_collectives_with_callbacks():
+    """Each of two queued async collectives has a callback running a collective: both chains complete."""
+    outs = spawn_ranks(2, "spawn_future_callbacks_queued", timeout=60, wait_s=10)
+    for o in outs:
+        assert o.status == "ok", str(o)
+        assert o.result["finished"], f"rank {o.rank}: a chained future never completed (deadlock)"
+        assert o.result["value"] == [4.0, 8.0], o.result  # (1 * 2) * 2 and (2 * 2) * 2
 
 
 def test_ddp_powersgd_hook():
