@@ -235,7 +235,8 @@ std::optional<cuda::BlockAlgo> forcedBlocks(const std::string& forced, cuda::Blo
 uint64_t CudaGroup::llLimit() const {
   if (settings_.proto == "simple" || settings_.ipc_bytes == 0) return 0;
   if (settings_.proto == "ll") return cuda::kLLMaxBytes;
-  return std::min(std::max(settings_.ll_bytes[0], settings_.ll_bytes[1]), cuda::kLLMaxBytes);
+  return std::min(std::max({settings_.ll_bytes[0], settings_.ll_bytes[1], settings_.allgather_ll_bytes}),
+                  cuda::kLLMaxBytes);
 }
 
 bool CudaGroup::directEligible(uint64_t nbytes, DType dtype, RedOp op) const {
@@ -258,7 +259,8 @@ cuda::DirectAlgo CudaGroup::allReduceAlgo(uint64_t nbytes) const {
 }
 
 bool CudaGroup::allGatherLL(uint64_t nbytes) const {
-  return nbytes > 0 && nbytes <= llLimit() && world_ <= cuda::kMaxRanks;
+  const uint64_t ll = settings_.proto == "auto" ? std::min(settings_.allgather_ll_bytes, llLimit()) : llLimit();
+  return nbytes > 0 && nbytes <= ll && world_ <= cuda::kMaxRanks;
 }
 
 std::optional<cuda::BlockAlgo> CudaGroup::allGatherBlocks(uint64_t nbytes) const {

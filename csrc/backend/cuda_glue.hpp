@@ -112,8 +112,9 @@ struct CudaSettings {
   std::string proto = "auto";            // auto | ll | simple
   // Per peer memory (indexed by cuda::PeerMemory, the order of cuda_model.MEMORIES), set by
   // set_cuda from the selector's CUDA model or TILECOMM_LL_BYTES / TILECOMM_CUDA_TWO_SHOT_BYTES:
-  uint64_t ll_bytes[cuda::kMemories] = {};                  // auto: LL up to this size
+  uint64_t ll_bytes[cuda::kMemories] = {};                  // auto: LL all_reduce up to this size
   uint64_t two_shot_bytes[cuda::kMemories] = {~0ull, ~0ull, ~0ull};  // auto: two_shot from this size on
+  uint64_t allgather_ll_bytes = cuda::kLLMaxBytes;  // auto: LL all_gather up to this size (per rank)
   std::string transport = "auto";        // auto | host_mapped (TILECOMM_TRANSPORT)
   std::string fence = "auto";            // auto | system (TILECOMM_CUDA_FENCE; Note [Fence scope])
   // How GPUs of the host are joined, from NVML on rank 0: "<bus id> <bus id>" -> nvlink | pcie | none

@@ -146,7 +146,7 @@ PYBIND11_MODULE(_C, m) {
       [](backend::ProcessGroupTilecomm& self, const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix,
          const std::string& allreduce, uint64_t ipc_bytes, std::array<uint64_t, cuda::kMemories> two_shot_bytes,
          int64_t timeout_ms, const std::string& proto, std::array<uint64_t, cuda::kMemories> ll_bytes,
-         const std::string& transport, const std::string& fence,
+         uint64_t allgather_ll_bytes, const std::string& transport, const std::string& fence,
          const std::vector<std::tuple<std::string, std::string, std::string>>& gpu_links, const py::dict& nvshmem,
          std::array<uint64_t, 2> register_bytes) {
         backend::CudaSettings s;
@@ -160,6 +160,7 @@ PYBIND11_MODULE(_C, m) {
           s.two_shot_bytes[m] = two_shot_bytes[m];
           s.ll_bytes[m] = ll_bytes[m];
         }
+        s.allgather_ll_bytes = allgather_ll_bytes;
         s.transport = transport;
         s.fence = fence;
         // NVSHMEM (cuda/blocks.h): every key is set by _backend.create.
@@ -179,7 +180,8 @@ PYBIND11_MODULE(_C, m) {
                                                           self.peerWatch()));
       },
       py::arg("store"), py::arg("prefix"), py::arg("allreduce"), py::arg("ipc_bytes"), py::arg("two_shot_bytes"),
-      py::arg("timeout_ms"), py::arg("proto"), py::arg("ll_bytes"), py::arg("transport") = "auto",
+      py::arg("timeout_ms"), py::arg("proto"), py::arg("ll_bytes"),
+      py::arg("allgather_ll_bytes") = cuda::kLLMaxBytes, py::arg("transport") = "auto",
       py::arg("fence") = "auto",
       py::arg("gpu_links") = std::vector<std::tuple<std::string, std::string, std::string>>{}, py::arg("nvshmem"),
       py::arg("register_bytes") = std::array<uint64_t, 2>{backend::CudaSettings{}.register_bytes,

@@ -1,11 +1,11 @@
 // allgather_direct_ll (CUDA, cuda_ipc, LL protocol): every rank writes its
 // input as LL lines (Note [LL lines]) into its slot of every peer's LL buffer
-// and copies it into its own output block; then it polls its own LL buffer and
-// copies peer q's lines into output block q. Cost: no flag round, one one-way
+// and copies it into its own output block; then it polls its own LL buffer for
+// the peers' lines, a batch of peers at a time (Note [LL batches]), and copies
+// peer q's into output block q. Cost: no flag round, one one-way
 // trip; per rank (p-1) x 2n bytes written to peers, (p-1) x 2n read locally.
 // Wins for small messages (n up to the LL buffer), where latency is all that
 // matters; larger ones are staged.
-#include <algorithm>
 
 #include "common/error.h"
 #include "cuda/allreduce.h"
@@ -30,17 +30,18 @@ __global__ void __launch_bounds__(kThreads) allgatherDirectLLKernel(GatherArgs a
     }
     storeUser(a.out[a.rank], v, a.nbytes, own_aligned, x);
   }
-  // receive: peer q's lines into output block q
+  // receive: peer q's lines into output block q (Note [LL batches])
   char* own = a.peers.base[a.rank];
   bool ok = true;
-  for (int i = 1; ok && i < a.world; ++i) {
-    const int q = (a.rank + a.world - i) % a.world;  // the peer that sent to us first
-    const char* slot = llSlotOf(own, a.capacity, a.ll_capacity, a.world, c.seq, q);
-    const bool aligned = isAligned(a.out[q]);
-    for (uint64_t v = first; ok && v < nvec; v += stride) {
-      uint4 x;
-      ok = llRecv(a, slot, v, c.seq, q, x);
-      if (ok) storeUser(a.out[q], v, a.nbytes, aligned, x);
+  for (uint64_t v = first; ok && v < nvec; v += stride) {
+    for (int q0 = 0; ok && q0 < a.world; q0 += kLLBatch) {
+      uint4 x[kLLBatch];
+      ok = llRecvBatch(a, own, v, c.seq, q0, make_uint4(0, 0, 0, 0), x);
+#pragma unroll
+      for (int i = 0; i < kLLBatch; ++i) {
+        const int q = q0 + i;
+        if (ok && q < a.world && q != a.rank) storeUser(a.out[q], v, a.nbytes, isAligned(a.out[q]), x[i]);
+      }
     }
   }
   endCall(a, c);
@@ -55,8 +56,8 @@ uint64_t allGatherDirectLL(PeerTransport& t, const void* in, void* const* out, u
   for (int q = 0; q < t.world(); ++q) a.out[q] = static_cast<char*>(out[q]);
   a.nbytes = nbytes;
   const uint64_t nvec = (nbytes + 15) / 16;
-  const int blocks = static_cast<int>(std::clamp<uint64_t>((nvec + kThreads - 1) / kThreads, 1, t.blockBudget()));
-  allgatherDirectLLKernel<<<blocks, kThreads, 0, stream>>>(a);
+  const LLGrid g = llGrid(nvec, t.blockBudget(), t.memory());
+  allgatherDirectLLKernel<<<g.blocks, g.threads, 0, stream>>>(a);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess)
     throw Error(ErrorKind::kSystem, std::string("LL all_gather launch: ") + cudaGetErrorString(e));

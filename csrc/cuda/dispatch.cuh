@@ -7,8 +7,9 @@
 
 namespace tilecomm::cuda {
 
-template <typename Algo, typename T, typename Args>
-void dispatchOp(const Args& a, int blocks, RedOp op, cudaStream_t s) {
+// `grid`: what Algo::launch takes for its grid (the thread blocks, or an LLGrid).
+template <typename Algo, typename T, typename Args, typename Grid>
+void dispatchOp(const Args& a, const Grid& blocks, RedOp op, cudaStream_t s) {
   switch (op) {
     case RedOp::kSum: return Algo::template launch<T, RedOp::kSum>(a, blocks, s);
     case RedOp::kProduct: return Algo::template launch<T, RedOp::kProduct>(a, blocks, s);
@@ -26,8 +27,8 @@ void dispatchOp(const Args& a, int blocks, RedOp op, cudaStream_t s) {
   }
 }
 
-template <typename Algo, typename Args>
-void dispatch(const Args& a, int blocks, DType dtype, RedOp op, cudaStream_t s) {
+template <typename Algo, typename Args, typename Grid>
+void dispatch(const Args& a, const Grid& blocks, DType dtype, RedOp op, cudaStream_t s) {
   switch (dtype) {
     case DType::kFloat16: return dispatchOp<Algo, __half>(a, blocks, op, s);
     case DType::kBFloat16: return dispatchOp<Algo, __nv_bfloat16>(a, blocks, op, s);
@@ -45,6 +46,6 @@ void dispatch(const Args& a, int blocks, DType dtype, RedOp op, cudaStream_t s) 
 
 void launchOneShot(const DirectArgs& a, int blocks, DType dtype, RedOp op, cudaStream_t s);
 void launchTwoShot(const DirectArgs& a, int blocks, DType dtype, RedOp op, cudaStream_t s);
-void launchOneShotLL(const DirectArgs& a, int blocks, DType dtype, RedOp op, cudaStream_t s);
+void launchOneShotLL(const DirectArgs& a, const LLGrid& grid, DType dtype, RedOp op, cudaStream_t s);
 
 }  // namespace tilecomm::cuda

@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -270,25 +271,76 @@ __device__ __forceinline__ void llSend(char* slot, uint64_t v, uint4 x, uint32_t
   llStoreLine(lines + 1, x.z, x.w, flag);
 }
 
-/// Waits for vector v in an LL slot of this rank's own buffer, sent by `peer`. Returns false if
-/// the wait outlasted the timeout or a peer died (recorded for the host).
-__device__ __forceinline__ bool llRecv(const CallArgs& a, const char* slot, uint64_t v, uint64_t seq, int peer,
-                                       uint4& out) {
+/// Note [LL grid]: an LL thread carries one vector at a time, and a small LL call over GPU memory
+/// takes as long as its busiest SM needs to store and poll its lines: at 4 ranks sharing an
+/// H200, 16 KiB on 2 blocks of kThreads took as long as 64 KiB on 8 (6.6 and 6.8 us, graph
+/// replay). So over cuda_ipc the LL kernels spread the vectors over as many blocks of the budget
+/// as there are warps of them, and widen the blocks (a warp at a time, up to kThreads) only once
+/// every block of the budget is in use: 4.8 and 5.3 us. Over host_mapped, where every line
+/// crosses PCIe, spreading made LL from 1 KiB slower (16 KiB at 2 ranks: 17.8 us on 2 blocks,
+/// 101 us on 32), so there the blocks stay full (kThreads) and are as few as cover the vectors.
+struct LLGrid {
+  int blocks;
+  int threads;
+};
+
+inline LLGrid llGrid(uint64_t nvec, int budget, PeerMemory memory) {
+  const uint64_t most = std::max(budget, 1);
+  if (memory == PeerMemory::kHostMapped)
+    return {static_cast<int>(std::clamp<uint64_t>((nvec + kThreads - 1) / kThreads, 1, most)), kThreads};
+  const uint64_t blocks = std::clamp<uint64_t>((nvec + 31) / 32, 1, most);
+  const uint64_t warps = ((nvec + blocks - 1) / blocks + 31) / 32;
+  return {static_cast<int>(blocks), static_cast<int>(std::clamp<uint64_t>(warps * 32, 32, kThreads))};
+}
+
+/// Note [LL batches]: a receiver that polled its peers in turn paid one round trip to memory per
+/// peer even when every line was there. llRecvBatch issues the loads of up to kLLBatch peers'
+/// lines together (one round trip for all of them), then polls again only those not yet arrived.
+/// Four peers' lines (two 16-byte lines each) stay in registers in the LL kernels, which keep one
+/// block of kThreads per SM (Note [Block budget]); at eight ranks that is two round trips.
+constexpr int kLLBatch = 4;
+
+/// Waits for vector v from ranks q0 .. q0 + kLLBatch - 1 (those below world) and puts it into
+/// out[0 ..]: the peers' from their LL slots in this rank's own buffer `own`, `mine` for this rank
+/// (and for ranks past the world). Returns false if the wait outlasted the timeout or a peer died
+/// (recorded for the host).
+__device__ __forceinline__ bool llRecvBatch(const CallArgs& a, char* own, uint64_t v, uint64_t seq, int q0,
+                                            const uint4& mine, uint4 (&out)[kLLBatch]) {
   const uint32_t flag = llFlag(seq);
-  const uint4* lines = reinterpret_cast<const uint4*>(slot) + 2 * v;
+  const uint4* lines[kLLBatch];
+  unsigned pending = 0;
+#pragma unroll
+  for (int i = 0; i < kLLBatch; ++i) {
+    const int q = q0 + i;
+    lines[i] = nullptr;
+    out[i] = mine;
+    if (q >= a.world || q == a.rank) continue;
+    lines[i] = reinterpret_cast<const uint4*>(llSlotOf(own, a.capacity, a.ll_capacity, a.world, seq, q)) + 2 * v;
+    pending |= 1u << i;
+  }
   uint64_t start = 0;
-  for (uint32_t polls = 1;; ++polls) {
-    const uint4 p0 = llLoadLine(lines);
-    const uint4 p1 = llLoadLine(lines + 1);
-    if (p0.y == flag && p0.w == flag && p1.y == flag && p1.w == flag) {
-      out = make_uint4(p0.x, p0.z, p1.x, p1.z);
-      return true;
+  for (uint32_t polls = 1; pending != 0; ++polls) {
+    uint4 p0[kLLBatch], p1[kLLBatch];
+#pragma unroll
+    for (int i = 0; i < kLLBatch; ++i) {  // every load first: they fly together
+      if ((pending >> i & 1u) == 0) continue;
+      p0[i] = llLoadLine(lines[i]);
+      p1[i] = llLoadLine(lines[i] + 1);
     }
-    if (polls % 1024 == 0) {
+#pragma unroll
+    for (int i = 0; i < kLLBatch; ++i) {
+      if ((pending >> i & 1u) == 0) continue;
+      if (p0[i].y == flag && p0[i].w == flag && p1[i].y == flag && p1[i].w == flag) {
+        out[i] = make_uint4(p0[i].x, p0[i].z, p1[i].x, p1[i].z);
+        pending &= ~(1u << i);
+      }
+    }
+    if (pending != 0 && polls % 1024 == 0) {
       if (start == 0) start = globalTimer();
-      else if (waitFailed(a, peer, seq, start)) return false;
+      else if (waitFailed(a, q0 + __ffs(static_cast<int>(pending)) - 1, seq, start)) return false;
     }
   }
+  return true;
 }
 
 // ---- the grid's walk over a range of vectors ----

@@ -104,6 +104,7 @@ def create(opts, pg_options=None):
         # How the host's GPUs are joined (NVML, no CUDA context); used at the first direct CUDA call.
         gpus = list(topology.host_gpu_links()) if getattr(_C, "HAS_CUDA", False) else []
         cuda = _cuda_thresholds(cfg, profile, world)
+        cuda["allgather_ll_bytes"] = allgather_ll_bytes(cfg)
         cuda["register_bytes"] = register_bytes(cfg, forced)
         if getattr(_C, "HAS_CUDA", False):
             cuda["nvshmem_algorithms"] = _nvshmem_config(cfg, forced, profile, world, len(set(topo.domains)) == 1)
@@ -201,6 +202,7 @@ def create(opts, pg_options=None):
             timeout_ms,
             proto=cfg["TILECOMM_PROTO"],
             ll_bytes=[agreed["cuda"][m]["ll_bytes"] for m in cuda_model.MEMORIES],
+            allgather_ll_bytes=agreed["cuda"]["allgather_ll_bytes"],
             transport="host_mapped" if cfg["TILECOMM_TRANSPORT"] == "host_mapped" else "auto",
             fence=cfg["TILECOMM_CUDA_FENCE"],
             gpu_links=[tuple(x) for x in agreed["gpu_links"]],
@@ -215,6 +217,14 @@ def register_bytes(cfg, forced) -> list:
     Registered outputs replace no all_gather algorithm that TILECOMM_ALGO forces (CPU or CUDA)."""
     size = max(0, cfg["TILECOMM_CUDA_REGISTER_BYTES"])
     return [size, 0 if forced.get("all_gather") or forced.get("cuda:all_gather") else size]
+
+
+def allgather_ll_bytes(cfg) -> int:
+    """The largest all_gather (bytes per rank) that runs the LL kernel with TILECOMM_PROTO=auto:
+    TILECOMM_LL_BYTES where set (>= 0), else the whole LL buffer. all_reduce's crossover does not apply:
+    above the LL limit all_gather runs NVSHMEM's block kernels, the schedule executor or staging, which
+    measured slower than LL up to the LL buffer (docs/selector.md)."""
+    return cfg["TILECOMM_LL_BYTES"] if cfg["TILECOMM_LL_BYTES"] >= 0 else cuda_model.LL_MAX_BYTES
 
 
 def _cuda_thresholds(cfg, profile, world) -> dict:

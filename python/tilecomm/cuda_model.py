@@ -18,8 +18,9 @@ constants live in the profile's ``cuda`` section (the shipped default's, or
 one fitted by ``python -m tilecomm.tune --cuda-from``); ``thresholds`` turns
 them into what the group's C++ side looks up per call: per peer memory, the
 largest all_reduce that runs the LL kernel and the smallest that runs
-two_shot. The same LL limit serves all_gather's LL kernel; above it, and for
-reduce_scatter, ``nvshmem_thresholds`` says from which size pull replaces push.
+two_shot. all_gather's LL kernel runs up to the whole LL buffer (its own limit,
+``_backend.allgather_ll_bytes``); above it, and for reduce_scatter,
+``nvshmem_thresholds`` says from which size pull replaces push.
 """
 
 from __future__ import annotations
@@ -63,22 +64,20 @@ KERNELS = {
 FORCEABLE = {k: v for k, v in KERNELS.items() if v.memory == "nvshmem"}
 
 # Fitted on one H200 shared by 2 and 4 ranks under MPS, from CUDA-graph replay of the forced kernels
-# (benchmarks/results/gpu_latency_h200_transports.jsonl; the fit and its errors: docs/benchmarks.md).
+# (benchmarks/results/gpu_latency_h200_ll_grid.jsonl; the fit and its errors: docs/benchmarks.md).
 # A machine whose GPUs are joined otherwise (NVLink between GPUs, PCIe) wants its own fit.
+_GPU_MEMORY = {
+    "ll": {"alpha_s": 3.1e-06, "alpha_round_s": 0.0, "alpha_peer_s": 5.2e-07, "beta_s_per_byte": 3.5e-12},
+    "simple": {"alpha_s": 1.8e-06, "alpha_round_s": 2.2e-06, "alpha_peer_s": 5.0e-07, "beta_s_per_byte": 3.0e-12},
+}
 DEFAULT = {
-    "cuda_ipc": {
-        "ll": {"alpha_s": 3.3e-06, "alpha_round_s": 0.0, "alpha_peer_s": 1.5e-06, "beta_s_per_byte": 2.4e-12},
-        "simple": {"alpha_s": 3.7e-06, "alpha_round_s": 1.3e-06, "alpha_peer_s": 1.8e-06, "beta_s_per_byte": 3.9e-12},
-    },
+    "cuda_ipc": _GPU_MEMORY,
     "host_mapped": {
-        "ll": {"alpha_s": 5.8e-06, "alpha_round_s": 0.0, "alpha_peer_s": 3.5e-06, "beta_s_per_byte": 3.6e-10},
-        "simple": {"alpha_s": 5.7e-06, "alpha_round_s": 1.3e-06, "alpha_peer_s": 4.2e-06, "beta_s_per_byte": 6.5e-11},
+        "ll": {"alpha_s": 7.0e-06, "alpha_round_s": 0.0, "alpha_peer_s": 2.1e-06, "beta_s_per_byte": 3.5e-10},
+        "simple": {"alpha_s": 4.0e-06, "alpha_round_s": 1.5e-06, "alpha_peer_s": 4.6e-06, "beta_s_per_byte": 6.3e-11},
     },
     # The symmetric heap is GPU memory too: cuda_ipc's constants until a fit says otherwise.
-    "nvshmem": {
-        "ll": {"alpha_s": 3.3e-06, "alpha_round_s": 0.0, "alpha_peer_s": 1.5e-06, "beta_s_per_byte": 2.4e-12},
-        "simple": {"alpha_s": 3.7e-06, "alpha_round_s": 1.3e-06, "alpha_peer_s": 1.8e-06, "beta_s_per_byte": 3.9e-12},
-    },
+    "nvshmem": _GPU_MEMORY,
 }
 _KEYS = ("alpha_s", "alpha_round_s", "alpha_peer_s", "beta_s_per_byte")
 

@@ -170,8 +170,9 @@ SETTINGS = [
         "Protocol of the direct CUDA kernels (CUDA builds). `ll`: all_reduce and all_gather of up to 1 MiB (per "
         "rank for all_gather) run the low-latency kernels (`allreduce_one_shot_ll`, `allgather_direct_ll`: each "
         "8 data bytes travel with their own flags, no separate flag round); `simple`: never (all_reduce runs as "
-        "`TILECOMM_CUDA_ALLREDUCE` says, all_gather is staged); `auto`: LL up to the LL limit "
-        "(`TILECOMM_LL_BYTES`, by default the CUDA model's, per peer memory). LL "
+        "`TILECOMM_CUDA_ALLREDUCE` says, all_gather is staged); `auto`: LL up to the LL limits "
+        "(`TILECOMM_LL_BYTES`; by default the CUDA model's crossover per peer memory for all_reduce, the whole "
+        "LL buffer for all_gather). LL "
         "never replaces an all_reduce that `TILECOMM_CUDA_ALLREDUCE=staged` stages.",
         ("auto", "ll", "simple"),
     ),
@@ -217,8 +218,9 @@ SETTINGS = [
         int,
         -1,
         "With `TILECOMM_PROTO=auto`: the largest all_reduce (bytes) or all_gather (bytes per rank) that runs "
-        "the LL kernels. -1: the LL/simple crossover of the selector's CUDA model at the group's world size, "
-        "per peer memory (all_gather uses the larger of the two). At most 1 MiB (the LL buffer) takes effect.",
+        "the LL kernels. -1: for all_reduce, the LL/simple crossover of the selector's CUDA model at the "
+        "group's world size, per peer memory; for all_gather, the whole LL buffer (its other kernels measured "
+        "slower up to there). At most 1 MiB (the LL buffer) takes effect.",
     ),
 ]
 

@@ -861,6 +861,32 @@ def gpu_topology(rank, world, gloo):
     return {**tilecomm.gpu_topology(), "fence": fence}
 
 
+def auto_kernels(rank, world, gloo):
+    """With TILECOMM_PROTO=auto and the shipped CUDA model: all_reduce runs LL up to the model's crossover
+    over GPU memory and a simple kernel above it; all_gather runs LL up to the whole LL buffer (its own
+    limit, not all_reduce's). Results against the closed form. Returns {case: kernel}."""
+    from tilecomm import cuda_model, selector
+
+    limit = cuda_model.thresholds(selector.load_profile(None), world)["cuda_ipc"]["ll_bytes"]
+    ran = {}
+    for nbytes in [b for b in sorted({16, limit, 2 * limit}) if 16 <= b <= 1 << 20]:
+        n = nbytes // 4
+        t = torch.full((n,), float(rank + 1), device=dev())
+        dist.all_reduce(t)
+        check_equal(t, torch.full((n,), world * (world + 1) / 2), f"all_reduce {nbytes} B")
+        ran[f"all_reduce {nbytes}"] = backend().cuda_last_kernel()
+        check((ran[f"all_reduce {nbytes}"] == "allreduce_one_shot_ll") == (nbytes <= limit),
+              f"all_reduce of {nbytes} B (LL limit {limit}) ran {ran[f'all_reduce {nbytes}']}")
+    n = cuda_model.LL_MAX_BYTES // 4
+    out = torch.empty(world * n, device=dev())
+    dist.all_gather_into_tensor(out, torch.full((n,), float(rank), device=dev()))
+    check_equal(out, torch.arange(world, dtype=torch.float32).repeat_interleave(n), "all_gather of the LL buffer")
+    ran["all_gather 1 MiB"] = backend().cuda_last_kernel()
+    check(ran["all_gather 1 MiB"] == "allgather_direct_ll", f"all_gather of 1 MiB ran {ran['all_gather 1 MiB']}")
+    finish()
+    return ran
+
+
 # ---------------------------------------------------------------- NVSHMEM (all_gather, reduce_scatter)
 
 

@@ -149,6 +149,14 @@ def test_gpu_topology(pools, world, config):
 
 
 @pytest.mark.parametrize("world", WORLDS)
+def test_auto_kernels_follow_the_model(pools, world):
+    """all_reduce: LL up to the CUDA model's crossover, a simple kernel above; all_gather: LL up to the
+    LL buffer whatever all_reduce's crossover."""
+    ran = pools.run(world, CONFIGS["auto"], "auto_kernels")
+    assert all(r == ran[0] for r in ran), ran
+
+
+@pytest.mark.parametrize("world", WORLDS)
 def test_cuda_graph_mixed_protocols(pools, world):
     """Simple (two_shot) and LL kernels in one graph, with eager calls between replays (auto)."""
     pools.run(world, {"TILECOMM_CUDA_TWO_SHOT_BYTES": "65536", "TILECOMM_LL_BYTES": "4096"}, "graph_replay",

@@ -96,3 +96,16 @@ def test_register_bytes_per_collective():
     assert _backend.register_bytes(cfg, selector.parse_forced("ring")) == [size, 0]  # every collective's ring
     off = settings.resolve({"TILECOMM_CUDA_REGISTER_BYTES": "0"})
     assert _backend.register_bytes(off, {}) == [0, 0]
+
+
+def test_allgather_ll_limit_is_its_own():
+    """all_gather runs LL up to the whole LL buffer, whatever all_reduce's crossover of the CUDA model;
+    TILECOMM_LL_BYTES sets both."""
+    from tilecomm import _backend, cuda_model  # noqa: PLC0415
+
+    cfg = settings.resolve({})
+    assert _backend.allgather_ll_bytes(cfg) == cuda_model.LL_MAX_BYTES
+    # the shipped model's all_reduce crossover over GPU memory is below the LL buffer from 4 ranks
+    assert cuda_model.thresholds({}, 4)["cuda_ipc"]["ll_bytes"] < cuda_model.LL_MAX_BYTES
+    assert _backend.allgather_ll_bytes(settings.resolve({"TILECOMM_LL_BYTES": "4096"})) == 4096
+    assert _backend.allgather_ll_bytes(settings.resolve({"TILECOMM_LL_BYTES": "0"})) == 0
