@@ -813,8 +813,8 @@ std::string CudaGroup::status() const {
   auto pair = [](const uint64_t (&v)[cuda::kMemories]) { return std::to_string(v[0]) + "/" + std::to_string(v[1]); };
   return "device=" + (device_ ? device_->str() : std::string("unbound")) + " allreduce=" + settings_.allreduce +
          " ipc_bytes=" + std::to_string(settings_.ipc_bytes) + " two_shot_bytes=" + pair(settings_.two_shot_bytes) +
-         " proto=" + settings_.proto + " ll_bytes=" + pair(settings_.ll_bytes) + " ll_limit=" +
-         std::to_string(llLimit()) + " direct=" +
+         " proto=" + settings_.proto + " ll_bytes=" + pair(settings_.ll_bytes) + " allgather_ll_bytes=" +
+         std::to_string(settings_.allgather_ll_bytes) + " ll_limit=" + std::to_string(llLimit()) + " direct=" +
          (ipc_state_ == Ipc::kOn ? "on" : ipc_state_ == Ipc::kOff ? "off (" + ipc_why_ + ")" : "unset") +
          (ipc_state_ == Ipc::kOn ? " memory=" + topo_.transport + " fence=" + (ipc_->oneGpu() ? "gpu" : "system")
                                  : "") +

@@ -2,10 +2,10 @@
 // input as LL lines (Note [LL lines]) into its slot of every peer's LL buffer
 // and copies it into its own output block; then it polls its own LL buffer for
 // the peers' lines, a batch of peers at a time (Note [LL batches]), and copies
-// peer q's into output block q. Cost: no flag round, one one-way
-// trip; per rank (p-1) x 2n bytes written to peers, (p-1) x 2n read locally.
-// Wins for small messages (n up to the LL buffer), where latency is all that
-// matters; larger ones are staged.
+// peer q's into output block q. Cost: no flag round, one one-way trip; per
+// rank (p-1) x 2n bytes written to peers, (p-1) x 2n read locally. Wins for
+// small messages (n up to the LL buffer), where latency is all that matters;
+// larger ones take the registered, NVSHMEM or schedule-executor paths.
 
 #include "common/error.h"
 #include "cuda/allreduce.h"

@@ -276,7 +276,7 @@ __device__ __forceinline__ void llSend(char* slot, uint64_t v, uint4 x, uint32_t
 /// H200, 16 KiB on 2 blocks of kThreads took as long as 64 KiB on 8 (6.6 and 6.8 us, graph
 /// replay). So over cuda_ipc the LL kernels spread the vectors over as many blocks of the budget
 /// as there are warps of them, and widen the blocks (a warp at a time, up to kThreads) only once
-/// every block of the budget is in use: 4.8 and 5.3 us. Over host_mapped, where every line
+/// every block of the budget is in use: 4.8 and 5.5 us. Over host_mapped, where every line
 /// crosses PCIe, spreading made LL from 1 KiB slower (16 KiB at 2 ranks: 17.8 us on 2 blocks,
 /// 101 us on 32), so there the blocks stay full (kThreads) and are as few as cover the vectors.
 struct LLGrid {
@@ -296,8 +296,11 @@ inline LLGrid llGrid(uint64_t nvec, int budget, PeerMemory memory) {
 /// Note [LL batches]: a receiver that polled its peers in turn paid one round trip to memory per
 /// peer even when every line was there. llRecvBatch issues the loads of up to kLLBatch peers'
 /// lines together (one round trip for all of them), then polls again only those not yet arrived.
-/// Four peers' lines (two 16-byte lines each) stay in registers in the LL kernels, which keep one
-/// block of kThreads per SM (Note [Block budget]); at eight ranks that is two round trips.
+/// Four peers' lines (two 16-byte lines each) stay in registers in the LL kernels, which launch at
+/// most one block per SM of the budget (Note [Block budget]) and so may take up to 128 registers a
+/// thread (a full block of kThreads then fills an SM's register file, leaving no room beside it
+/// for other kernels' blocks: a small LL call waits for that room, it cannot deadlock on it); at
+/// eight ranks a vector takes two round trips.
 constexpr int kLLBatch = 4;
 
 /// Waits for vector v from ranks q0 .. q0 + kLLBatch - 1 (those below world) and puts it into

@@ -171,8 +171,8 @@ def create(opts, pg_options=None):
         log.info("tilecomm world=%d topology: %s", world, topo)
         log.info("tilecomm world=%d profile: %s", world, agreed["profile"])
         if _C.HAS_CUDA:
-            log.info("tilecomm world=%d CUDA kernels (bytes; per peer memory): %s", world,
-                     {m: agreed["cuda"][m] for m in cuda_model.MEMORIES})
+            log.info("tilecomm world=%d CUDA kernels (bytes; per peer memory): %s; LL all_gather up to %d", world,
+                     {m: agreed["cuda"][m] for m in cuda_model.MEMORIES}, agreed["cuda"]["allgather_ll_bytes"])
             nv = agreed["cuda"]["nvshmem_algorithms"]
             if nv["lib"]:
                 log.info("tilecomm world=%d NVSHMEM algorithms offered (%s); pull from (bytes per rank): all_gather "
@@ -223,7 +223,7 @@ def allgather_ll_bytes(cfg) -> int:
     """The largest all_gather (bytes per rank) that runs the LL kernel with TILECOMM_PROTO=auto:
     TILECOMM_LL_BYTES where set (>= 0), else the whole LL buffer. all_reduce's crossover does not apply:
     above the LL limit all_gather runs NVSHMEM's block kernels, the schedule executor or staging, which
-    measured slower than LL up to the LL buffer (docs/selector.md)."""
+    over GPU memory measured slower than LL up to the LL buffer (docs/selector.md)."""
     return cfg["TILECOMM_LL_BYTES"] if cfg["TILECOMM_LL_BYTES"] >= 0 else cuda_model.LL_MAX_BYTES
 
 

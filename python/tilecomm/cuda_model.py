@@ -25,6 +25,7 @@ two_shot. all_gather's LL kernel runs up to the whole LL buffer (its own limit,
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Callable
 
@@ -71,13 +72,13 @@ _GPU_MEMORY = {
     "simple": {"alpha_s": 1.8e-06, "alpha_round_s": 2.2e-06, "alpha_peer_s": 5.0e-07, "beta_s_per_byte": 3.0e-12},
 }
 DEFAULT = {
-    "cuda_ipc": _GPU_MEMORY,
+    "cuda_ipc": copy.deepcopy(_GPU_MEMORY),
     "host_mapped": {
         "ll": {"alpha_s": 7.0e-06, "alpha_round_s": 0.0, "alpha_peer_s": 2.1e-06, "beta_s_per_byte": 3.5e-10},
         "simple": {"alpha_s": 4.0e-06, "alpha_round_s": 1.5e-06, "alpha_peer_s": 4.6e-06, "beta_s_per_byte": 6.3e-11},
     },
     # The symmetric heap is GPU memory too: cuda_ipc's constants until a fit says otherwise.
-    "nvshmem": _GPU_MEMORY,
+    "nvshmem": copy.deepcopy(_GPU_MEMORY),
 }
 _KEYS = ("alpha_s", "alpha_round_s", "alpha_peer_s", "beta_s_per_byte")
 

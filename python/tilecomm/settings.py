@@ -219,8 +219,8 @@ SETTINGS = [
         -1,
         "With `TILECOMM_PROTO=auto`: the largest all_reduce (bytes) or all_gather (bytes per rank) that runs "
         "the LL kernels. -1: for all_reduce, the LL/simple crossover of the selector's CUDA model at the "
-        "group's world size, per peer memory; for all_gather, the whole LL buffer (its other kernels measured "
-        "slower up to there). At most 1 MiB (the LL buffer) takes effect.",
+        "group's world size, per peer memory; for all_gather, the whole LL buffer (over GPU memory its other "
+        "kernels measured slower up to there). At most 1 MiB (the LL buffer) takes effect.",
     ),
 ]
 

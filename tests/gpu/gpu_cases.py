@@ -865,18 +865,22 @@ def auto_kernels(rank, world, gloo):
     """With TILECOMM_PROTO=auto and the shipped CUDA model: all_reduce runs LL up to the model's crossover
     over GPU memory and a simple kernel above it; all_gather runs LL up to the whole LL buffer (its own
     limit, not all_reduce's). Results against the closed form. Returns {case: kernel}."""
+    import tilecomm
     from tilecomm import cuda_model, selector
 
     limit = cuda_model.thresholds(selector.load_profile(None), world)["cuda_ipc"]["ll_bytes"]
+    sizes = [b for b in sorted({16, limit, 2 * limit}) if 16 <= b <= 1 << 20]
+    check(any(b > limit for b in sizes), f"LL limit {limit}: no size above it to check")
     ran = {}
-    for nbytes in [b for b in sorted({16, limit, 2 * limit}) if 16 <= b <= 1 << 20]:
+    for nbytes in sizes:
         n = nbytes // 4
         t = torch.full((n,), float(rank + 1), device=dev())
         dist.all_reduce(t)
         check_equal(t, torch.full((n,), world * (world + 1) / 2), f"all_reduce {nbytes} B")
-        ran[f"all_reduce {nbytes}"] = backend().cuda_last_kernel()
-        check((ran[f"all_reduce {nbytes}"] == "allreduce_one_shot_ll") == (nbytes <= limit),
-              f"all_reduce of {nbytes} B (LL limit {limit}) ran {ran[f'all_reduce {nbytes}']}")
+        got = ran[f"all_reduce {nbytes}"] = backend().cuda_last_kernel()
+        want = {"allreduce_one_shot_ll"} if nbytes <= limit else {"allreduce_one_shot", "allreduce_two_shot"}
+        check(got in want, f"all_reduce of {nbytes} B (LL limit {limit}) ran {got!r}")
+    check(tilecomm.gpu_topology()["transport"] == "cuda_ipc", f"transport: {tilecomm.gpu_topology()}")
     n = cuda_model.LL_MAX_BYTES // 4
     out = torch.empty(world * n, device=dev())
     dist.all_gather_into_tensor(out, torch.full((n,), float(rank), device=dev()))
