@@ -218,6 +218,7 @@ namespace {
 constexpr int kLastAllGatherLL = 100;  // last_kernel_ after an LL all_gather
 constexpr int kLastRegistered = 150;   // after an all_reduce on registered tensors
 constexpr int kLastAllGatherRegistered = 151;  // after an all_gather into registered outputs
+constexpr int kLastAllToAll = 152;       // after the all_to_all kernel
 constexpr int kLastBlocks = 200;       // + BlockAlgo: after an NVSHMEM all_gather or reduce_scatter
 constexpr int kLastSchedule = 1000;    // + algorithm id: after the schedule executor
 
@@ -306,6 +307,7 @@ std::string CudaGroup::lastKernel() const {  // "" after a staged operation
     case kLastAllGatherLL: return "allgather_direct_ll";
     case kLastRegistered: return "allreduce_two_shot_registered";
     case kLastAllGatherRegistered: return "allgather_push_registered";
+    case kLastAllToAll: return "alltoall_fifo";
     default: return "";
   }
 }
@@ -779,6 +781,26 @@ void CudaGroup::allGatherDirect(CudaOp& op, const at::Tensor& in, const std::vec
   op.direct_launch = cuda::allGatherDirectLL(*ipc_, in.data_ptr(), outs.data(), in.nbytes(), op.stream.stream(),
                                              timeout_ns);
   op.ipc = ipc_;
+}
+
+bool CudaGroup::allToAll(CudaOp& op, const cuda::AllToAllCall& call, DType dtype, int64_t timeout_ms) {
+  // NOTE: every condition is the same on every rank (the settings, the transport's, the capture's).
+  if (settings_.ipc_bytes == 0 || world_ > cuda::kMaxRanks || !directReady(op)) return false;
+  if (!cuda::allToAllFits(*ipc_)) {
+    if (op.captured)
+      throw Error(ErrorKind::kInvalid, "cannot capture all_to_all in a CUDA graph: its kernel's " +
+                                           std::to_string(2 * world_ - 1) + " lanes exceed the block budget of " +
+                                           std::to_string(ipc_->blockBudget()) + ", so it would be staged");
+    return false;
+  }
+  // The call's name in every slot header (Note [Schedule executor]); the sizes are checked per block.
+  const uint64_t tag = 0x7f4a7c159e3779b9ull ^ (static_cast<uint64_t>(Coll::kAllToAll) << 8) ^
+                       static_cast<uint64_t>(dtype);
+  last_kernel_ = kLastAllToAll;
+  op.direct_launch = cuda::allToAllFifo(*ipc_, call, tag, op.stream.stream(),
+                                        static_cast<uint64_t>(timeout_ms) * 1000000ull);
+  op.ipc = ipc_;
+  return true;
 }
 
 void CudaGroup::runStaged(const std::vector<at::Tensor>& reads, const std::vector<at::Tensor>& writes,

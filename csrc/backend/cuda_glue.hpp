@@ -96,6 +96,7 @@
 #include "backend/process_group.hpp"
 #include "common/types.h"
 #include "cuda/allreduce.h"
+#include "cuda/alltoall.h"
 #include "cuda/blocks.h"
 #include "cuda/peer_transport.h"
 #include "cuda/schedule_executor.h"
@@ -275,6 +276,10 @@ class CudaGroup {
   bool allGatherRegistered(CudaOp& op, const at::Tensor& in, const std::vector<void*>& outs, int64_t timeout_ms);
   /// In a task, inside CudaOp::run: enqueues an LL all_gather of `in` into outs[q] (one per rank).
   void allGatherDirect(CudaOp& op, const at::Tensor& in, const std::vector<void*>& outs, int64_t timeout_ms);
+  /// In a task, inside CudaOp::run: enqueues the all_to_all kernel (cuda/alltoall.h) over the
+  /// blocks of `call`; false (on every rank) where the peer transport is off or the kernel does not
+  /// fit it: the call is staged. Under CUDA graph capture that throws Error(kInvalid) instead.
+  bool allToAll(CudaOp& op, const cuda::AllToAllCall& call, DType dtype, int64_t timeout_ms);
   /// The group's engine, whose scheduled algorithms the schedule executor runs (set once, before
   /// the first call).
   void setEngine(std::shared_ptr<exec::Engine> engine) { engine_ = std::move(engine); }

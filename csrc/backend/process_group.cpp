@@ -284,8 +284,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::launch(c10d::OpType type, b
     cc->op = cuda_->beginCollective(first->device(), !async && (direct || on_device));
     TORCH_CHECK_VALUE(!cc->op->captured || direct || on_device, "tilecomm: ", c10d::opTypeToString(type),
                       " on CUDA tensors cannot be captured in a CUDA graph: it runs staged through host memory "
-                      "(all_to_all, point-to-point, complex reductions, and groups without a GPU peer transport "
-                      "are staged)");
+                      "(point-to-point, complex reductions, and groups without a GPU peer transport are staged)");
     cc->keep = reads;
     cc->keep.insert(cc->keep.end(), writes.begin(), writes.end());
     cc->reads = std::move(reads);
@@ -509,6 +508,40 @@ ProcessGroupTilecomm::Direct ProcessGroupTilecomm::directReduceScatter(std::vect
   };
 #else
   (void)ins, (void)contiguous, (void)out, (void)dtype, (void)op, (void)timeout_ms;
+  return nullptr;
+#endif
+}
+
+ProcessGroupTilecomm::Direct ProcessGroupTilecomm::directAllToAll(std::vector<at::Tensor> ins,
+                                                                std::vector<size_t> in_off,
+                                                                std::vector<size_t> in_len,
+                                                                std::vector<at::Tensor> outs,
+                                                                std::vector<size_t> out_off,
+                                                                std::vector<size_t> out_len, DType dtype,
+                                                                int64_t timeout_ms) {
+#ifdef TILECOMM_WITH_CUDA
+  if (!cuda_ || outs.empty() || !outs[0].is_cuda()) return nullptr;
+  return [=](CudaOp& cop) {
+    auto begin = [](const at::Tensor& t) { return static_cast<char*>(t.data_ptr()); };
+    bool overlap = false;  // the kernel reads the inputs while it writes the outputs
+    for (const at::Tensor& i : ins)
+      for (const at::Tensor& o : outs)
+        overlap |= i.nbytes() > 0 && o.nbytes() > 0 && begin(i) < begin(o) + o.nbytes() &&
+                   begin(o) < begin(i) + i.nbytes();
+    std::vector<at::Tensor> src = ins;
+    if (overlap)
+      for (at::Tensor& t : src) t = t.clone();  // on the operation's stream
+    cuda::AllToAllCall call{};
+    for (int q = 0; q < size_; ++q) {  // one tensor of every block, or a tensor per block
+      call.in[q] = begin(src[src.size() == 1 ? 0 : q]) + in_off[q];
+      call.in_bytes[q] = in_len[q];
+      call.out[q] = begin(outs[outs.size() == 1 ? 0 : q]) + out_off[q];
+      call.out_bytes[q] = out_len[q];
+    }
+    return cuda_->allToAll(cop, call, dtype, timeout_ms);
+  };
+#else
+  (void)ins, (void)in_off, (void)in_len, (void)outs, (void)out_off, (void)out_len, (void)dtype, (void)timeout_ms;
   return nullptr;
 #endif
 }
@@ -873,6 +906,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::alltoall_base(at::Tensor& o
   std::vector<size_t> in_off, in_len, out_off, out_len;
   layout(input, input_splits, "input", in_off, in_len);
   layout(output, output_splits, "output", out_off, out_len);
+  TORCH_CHECK_VALUE(in_len[rank_] == out_len[rank_], "tilecomm: all_to_all on rank ", rank_, " sends itself ",
+                    in_len[rank_], " bytes (its input split) but expects ", out_len[rank_],
+                    " (its output split); the two must be equal");
   int64_t timeout = timeoutOf(opts.timeout, timeout_ms_);
   // Equal splits on every rank: the total size agrees across ranks and picks the
   // algorithm. Uneven splits: sizes differ per rank, so all use the largest-size choice.
@@ -883,7 +919,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::alltoall_base(at::Tensor& o
   DType dt = toDType(input.scalar_type()).value_or(DType::kBytes);  // ranks must agree on it too
   return launch(c10d::OpType::ALLTOALL_BASE, opts.asyncOp, {out}, {in}, {out}, [=](const Host& h) {
     engine_->allToAll(algo, bytes(h(in)), in_off, in_len, bytes(h(out)), out_off, out_len, dt, total, timeout);
-  });
+  }, directAllToAll({in}, in_off, in_len, {out}, out_off, out_len, dt, timeout));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::alltoall(std::vector<at::Tensor>& outputs,
@@ -901,6 +937,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::alltoall(std::vector<at::Te
   uint16_t algo = engine_->pick(Coll::kAllToAll, UINT64_MAX);
   std::vector<at::Tensor> ins = inputs, outs = outputs;
   DType dt = toDType(inputs[0].scalar_type()).value_or(DType::kBytes);
+  auto block_bytes = [](const std::vector<at::Tensor>& ts) {
+    std::vector<size_t> n;
+    for (const at::Tensor& t : ts) n.push_back(t.nbytes());
+    return n;
+  };
   return launch(c10d::OpType::ALLTOALL, opts.asyncOp, outs, ins, outs, [=](const Host& h) {
     // Offsets from address zero: each peer's block is its own tensor.
     std::vector<size_t> in_off, in_len, out_off, out_len;
@@ -911,7 +952,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::alltoall(std::vector<at::Te
       out_len.push_back(outs[r].nbytes());
     }
     engine_->allToAll(algo, nullptr, in_off, in_len, nullptr, out_off, out_len, dt, 0, timeout);
-  });
+  }, directAllToAll(ins, std::vector<size_t>(size_), block_bytes(ins), outs, std::vector<size_t>(size_),
+                    block_bytes(outs), dt, timeout));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::barrier(const c10d::BarrierOptions& opts) {
@@ -940,6 +982,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::pointToPoint(c10d::OpType t
   if (t.is_cuda()) {  // staged through pinned memory (Note [CUDA streams])
     TORCH_CHECK_VALUE(cuda_, "tilecomm: this process group was created without CUDA support");
     cop = cuda_->begin(t.device());
+    TORCH_CHECK_VALUE(!cop->captured, "tilecomm: ", c10d::opTypeToString(type),
+                      " on CUDA tensors cannot be captured in a CUDA graph: point-to-point runs staged through "
+                      "host memory");
     host = type == c10d::OpType::SEND
                ? copyToHost(*cop, t)
                : at::empty(t.sizes(), at::TensorOptions().dtype(t.scalar_type()).pinned_memory(true));

@@ -211,8 +211,9 @@ std::string PeerTransport::errorText() const {
   const volatile KernelError* e = err_host_;
   if (!e->ready) return "";
   static const char* kKinds[] = {"direct all_reduce", "LL all_reduce", "LL all_gather", "direct all_gather",
-                                 "direct reduce_scatter", "scheduled collective"};
-  const std::string what = std::string(e->kind >= 0 && e->kind < 6 ? kKinds[e->kind] : "direct call") + " #" +
+                                 "direct reduce_scatter", "scheduled collective", "all_to_all"};
+  constexpr int kKnown = sizeof(kKinds) / sizeof(kKinds[0]);
+  const std::string what = std::string(e->kind >= 0 && e->kind < kKnown ? kKinds[e->kind] : "direct call") + " #" +
                            std::to_string(e->seq) + " (" + peerMemoryName(memory_) + ")";
   const std::string peer = std::to_string(e->peer);
   if (e->reason == static_cast<int>(WaitFailure::kPeerDied)) {

@@ -66,7 +66,15 @@ constexpr int kMemories = 3;
 const char* peerMemoryName(PeerMemory m);  // "cuda_ipc" | "host_mapped" | "nvshmem"
 
 /// What a direct kernel ran, for error messages.
-enum class KernelKind : int { kAllReduce = 0, kAllReduceLL, kAllGatherLL, kAllGather, kReduceScatter, kSchedule };
+enum class KernelKind : int {
+  kAllReduce = 0,
+  kAllReduceLL,
+  kAllGatherLL,
+  kAllGather,
+  kReduceScatter,
+  kSchedule,
+  kAllToAll,
+};
 
 /// Why a kernel stopped waiting.
 enum class WaitFailure : int {

@@ -129,7 +129,8 @@ SETTINGS = [
         "(see `TILECOMM_PROTO`). Groups whose ranks are not all in one shared-memory domain (TCP links) stage "
         "every CUDA operation. broadcast, reduce, gather, scatter, all_reduce_coalesced, and all_gather and "
         "reduce_scatter where no LL, registered or NVSHMEM kernel runs them, run their scheduled algorithm (the "
-        "decision table's, or `TILECOMM_ALGO`'s) on the GPU's schedule executor; all_to_all and point-to-point are "
+        "decision table's, or `TILECOMM_ALGO`'s) on the GPU's schedule executor; all_to_all runs as one kernel "
+        "through the executor's FIFOs (where its 2 x world - 1 lanes fit the block budget); point-to-point is "
         "staged.",
         ("auto", "one_shot", "two_shot", "registered", "scheduled", "staged", "nvshmem_two_shot"),
     ),

@@ -1367,6 +1367,13 @@ def bad_inputs(rank, world, gloo):
         ValueError, lambda: dist.all_to_all_single(a2a_out, a2a_in, [2] * (world + 1), [2] * (world + 1)),
         "split count"
     )
+    # the own block: sent to itself 3 rows, expected from itself 2 (the totals add up)
+    own_in = [2] * world
+    own_in[rank] = 3
+    msgs["all_to_all_single own block"] = expect_error(
+        ValueError, lambda: dist.all_to_all_single(a2a_out, torch.zeros(world * 2 + 1), [2] * world, own_in),
+        "own block", match="sends itself"
+    )
     if world > 1:
         msgs["all_to_all_single indivisible"] = expect_error(
             ValueError, lambda: dist.all_to_all_single(torch.zeros(world + 1), torch.zeros(world + 1)), "indivisible"

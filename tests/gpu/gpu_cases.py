@@ -327,9 +327,10 @@ def allgather_matrix(rank, world, gloo, dtypes, sizes, expect_direct=None):
 
 
 def graph_replay(rank, world, gloo, replays, sizes=(1, 7, 1031, 65543)):
-    """Several direct collectives captured in one CUDA graph and replayed with fresh inputs each time
-    (the kernels take their sequence numbers from the device), eager calls in between; then a staged
-    operation (all_to_all) under capture is a ValueError and the group stays usable."""
+    """Several direct collectives (all_to_all with equal and uneven splits among them) captured in one
+    CUDA graph and replayed with fresh inputs each time (the kernels take their sequence numbers from
+    the device), eager calls in between; then a staged operation (a send) under capture
+    is a ValueError and the group stays usable."""
     d = dev()
     n_ag, n_list = 1031, 17
     ar = {n: torch.zeros(n, device=d) for n in sizes}  # float32 sum
@@ -340,6 +341,12 @@ def graph_replay(rank, world, gloo, replays, sizes=(1, 7, 1031, 65543)):
     ag_out = torch.empty(world * n_ag, dtype=torch.float16, device=d)
     ls_in = torch.zeros(n_list, dtype=torch.int64, device=d)
     ls_out = [torch.empty(n_list, dtype=torch.int64, device=d) for _ in range(world)]
+    a2a_in = torch.zeros(world * 13, dtype=torch.int32, device=d)
+    a2a_out = torch.empty(world * 13, dtype=torch.int32, device=d)
+    up_ins = [uneven_rows(rank, j, world, 700) for j in range(world)]
+    up_outs = [uneven_rows(r, rank, world, 700) for r in range(world)]
+    up_in = torch.zeros(sum(up_ins), 3, dtype=torch.float64, device=d)
+    up_out = torch.empty(sum(up_outs), 3, dtype=torch.float64, device=d)
 
     def fill(k):
         for n, t in ar.items():
@@ -349,6 +356,8 @@ def graph_replay(rank, world, gloo, replays, sizes=(1, 7, 1031, 65543)):
         av.copy_(data(rank, av.numel(), torch.float32, "avg", salt=k))
         ag_in.copy_(data(rank, n_ag, torch.float16, "sum", salt=k))
         ls_in.copy_(data(rank, n_list, torch.int64, "sum", salt=k))
+        a2a_in.copy_(torch.cat([b.view(-1) for b in a2a_blocks(rank, world, [13] * world, torch.int32, salt=k)]))
+        up_in.copy_(torch.cat(a2a_blocks(rank, world, up_ins, torch.float64, salt=k, width=3)))
 
     def body():
         for t in ar.values():
@@ -358,6 +367,8 @@ def graph_replay(rank, world, gloo, replays, sizes=(1, 7, 1031, 65543)):
         dist.all_reduce(av, op=ReduceOp.AVG)
         dist.all_gather_into_tensor(ag_out, ag_in)
         dist.all_gather(ls_out, ls_in)
+        dist.all_to_all_single(a2a_out, a2a_in)
+        dist.all_to_all_single(up_out, up_in, up_outs, up_ins)
 
     def verify(k, what):
         for n, t in ar.items():
@@ -369,6 +380,11 @@ def graph_replay(rank, world, gloo, replays, sizes=(1, 7, 1031, 65543)):
         check_equal(ag_out, want, f"{what}: all_gather_into_tensor")
         for r in range(world):
             check_equal(ls_out[r], data(r, n_list, torch.int64, "sum", salt=k), f"{what}: all_gather [{r}]")
+        want = torch.cat([a2a_blocks(r, world, [13] * world, torch.int32, salt=k)[rank].view(-1) for r in range(world)])
+        check_equal(a2a_out, want, f"{what}: all_to_all_single")
+        want = torch.cat([a2a_blocks(r, world, [uneven_rows(r, j, world, 700) for j in range(world)], torch.float64,
+                                     salt=k, width=3)[rank] for r in range(world)])
+        check_equal(up_out, want, f"{what}: all_to_all_single uneven")
         identical(gloo, torch.cat([t.view(-1).float() for t in (*ar.values(), bf, iv, av, ag_out)]), what)
 
     fill(0)
@@ -393,8 +409,8 @@ def graph_replay(rank, world, gloo, replays, sizes=(1, 7, 1031, 65543)):
     staged = torch.cuda.CUDAGraph()
     try:
         with torch.cuda.graph(staged):
-            dist.all_to_all_single(torch.empty(8 * world, device=d), torch.ones(8 * world, device=d))
-        check(False, "a staged all_to_all was captured without an error")
+            dist.send(torch.ones(8, device=d), (rank + 1) % world)
+        check(False, "a staged send was captured without an error")
     except Exception as e:  # noqa: BLE001  (the ValueError, possibly chained by the capture's end)
         text = f"{e} {e.__context__}"
         check("cannot be captured" in text, f"unclear capture error: {type(e).__name__}: {text}")
@@ -539,6 +555,95 @@ def bad_input(rank, world, gloo):
     t = torch.ones(3, device=d)
     dist.all_reduce(t)
     check_equal(t, torch.full((3,), float(world)), "all_reduce after bad input")
+    finish()
+
+
+# ---------------------------------------------------------------- all_to_all on the GPU
+
+
+def a2a_blocks(rank, world, rows, dt, salt=0, width=1):
+    """Rank `rank`'s input blocks: block j (rows[j] rows of `width`) is what it sends to rank j."""
+    return [data(rank * world + j, rows[j] * width, dt, salt=salt).view(rows[j], width) for j in range(world)]
+
+
+def uneven_rows(sender, receiver, world, big):
+    """Rows that `sender` sends `receiver`: 0-2, plus `big` to its right neighbour (several FIFO slices)."""
+    return (sender + receiver) % 3 + (big if receiver == (sender + 1) % world else 0)
+
+
+def alltoall_cases(rank, world, gloo, expect_kernel):
+    """all_to_all_single (equal and uneven splits, empty blocks, odd and unaligned sizes, in place,
+    async) and all_to_all (lists) on CUDA tensors, against the closed form and Gloo, run by the
+    kernel `expect_kernel`."""
+    d = dev()
+
+    def ran(what):
+        got = backend().cuda_last_kernel()
+        check(got == expect_kernel, f"{what}: ran {got!r}, expected {expect_kernel!r}")
+
+    for dtype in ("float32", "int8", "bool", "bfloat16", "complex64"):
+        dt = DTYPES[dtype]
+        for n in (0, 1, 7, 1031, 200_003):
+            what = f"all_to_all_single {dtype} n={n}"
+            src = torch.cat([b.view(-1) for b in a2a_blocks(rank, world, [n] * world, dt)]).to(d)
+            dst = torch.full_like(src, 3 if not dt.is_complex else 3 + 1j) if n else torch.empty_like(src)
+            dist.all_to_all_single(dst, src)
+            ran(what)
+            want = torch.cat([a2a_blocks(r, world, [n] * world, dt)[rank].view(-1) for r in range(world)])
+            check_equal(dst, want, what)
+            if n == 1031 and not dt.is_complex:
+                ref = torch.empty_like(want)
+                dist.all_to_all_single(ref, src.cpu(), group=gloo)
+                check_equal(dst, ref, f"{what} vs gloo")
+
+    # uneven splits of 2-D int16 rows of 5 (10-byte rows: blocks start unaligned), some empty
+    for big in (0, 9000):
+        ins = [uneven_rows(rank, j, world, big) for j in range(world)]
+        outs = [uneven_rows(r, rank, world, big) for r in range(world)]
+        src = torch.cat(a2a_blocks(rank, world, ins, torch.int16, salt=big, width=5)).to(d)
+        dst = torch.empty(sum(outs), 5, dtype=torch.int16, device=d)
+        dist.all_to_all_single(dst, src, outs, ins)
+        ran(f"uneven big={big}")
+        want = torch.cat([a2a_blocks(r, world, [uneven_rows(r, j, world, big) for j in range(world)], torch.int16,
+                                     salt=big, width=5)[rank] for r in range(world)])
+        check_equal(dst, want, f"all_to_all_single uneven big={big}")
+        ref = torch.empty_like(want).view(torch.uint8)  # Gloo moves no int16: rows as bytes
+        dist.all_to_all_single(ref, src.cpu().view(torch.uint8), outs, ins, group=gloo)
+        check_equal(dst.view(torch.uint8), ref, f"all_to_all_single uneven big={big} vs gloo")
+
+    # unaligned views: int8 blocks of 1031 bytes starting one byte into their buffers
+    n = 1031
+    src_buf = torch.zeros(world * n + 1, dtype=torch.int8, device=d)
+    src_buf[1:] = torch.cat([b.view(-1) for b in a2a_blocks(rank, world, [n] * world, torch.int8, salt=5)]).to(d)
+    dst_buf = torch.zeros(world * n + 1, dtype=torch.int8, device=d)
+    dist.all_to_all_single(dst_buf[1:], src_buf[1:])
+    ran("unaligned")
+    want = torch.cat([a2a_blocks(r, world, [n] * world, torch.int8, salt=5)[rank].view(-1) for r in range(world)])
+    check_equal(dst_buf[1:], want, "all_to_all_single unaligned")
+    check(dst_buf[0].item() == 0, "all_to_all_single unaligned wrote before its output")
+
+    # in place: one tensor as input and output, the same result as out of place
+    t = torch.cat([b.view(-1) for b in a2a_blocks(rank, world, [4099] * world, torch.float32, salt=7)]).to(d)
+    dist.all_to_all_single(t, t)
+    ran("in place")
+    want = torch.cat([a2a_blocks(r, world, [4099] * world, torch.float32, salt=7)[rank].view(-1)
+                      for r in range(world)])
+    check_equal(t, want, "all_to_all_single in place")
+
+    # async, and the list form
+    src = torch.cat([b.view(-1) for b in a2a_blocks(rank, world, [333] * world, torch.int64, salt=9)]).to(d)
+    dst = torch.empty_like(src)
+    dist.all_to_all_single(dst, src, async_op=True).wait()
+    want = torch.cat([a2a_blocks(r, world, [333] * world, torch.int64, salt=9)[rank].view(-1) for r in range(world)])
+    check_equal(dst, want, "all_to_all_single async")
+    ins = [b.view(-1).to(d) for b in a2a_blocks(rank, world, [70_001] * world, torch.float16, salt=3)]
+    outs = [torch.empty(70_001, dtype=torch.float16, device=d) for _ in range(world)]
+    dist.all_to_all(outs, ins)
+    ran("all_to_all")
+    for r in range(world):
+        check_equal(outs[r], a2a_blocks(r, world, [70_001] * world, torch.float16, salt=3)[rank].view(-1),
+                    f"all_to_all [{r}]")
+    torch.cuda.synchronize()
     finish()
 
 
@@ -1154,6 +1259,41 @@ def schedule_graph(rank, world, gloo, replays):
             check_equal(eager, torch.full((64,), k % world + k, dtype=torch.int64), f"eager after {k}")
     torch.cuda.synchronize()
     finish()
+
+
+def spawn_alltoall_mismatch(rank, world, port, timeout_s=20.0):
+    """Two ranks whose all_to_all splits disagree (rank 0 sends rank 1 two rows where rank 1 expects
+    three, rank 1 sends one where rank 0 expects two): each names the other well before the
+    timeout, and the group then fails fast."""
+    from datetime import timedelta
+
+    import tilecomm  # noqa: F401
+
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group("tilecomm", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}",
+                            timeout=timedelta(seconds=timeout_s))
+    t = torch.arange(4, device=dev(), dtype=torch.float32)
+    out = torch.empty_like(t)
+    dist.all_to_all_single(out, t)  # sets up the transport on every rank
+    torch.cuda.synchronize()
+    ran = backend().cuda_last_kernel()
+    ins, outs = ([2, 2], [2, 2]) if rank == 0 else ([1, 3], [3, 3])
+    t0 = time.monotonic()
+    first = ""
+    try:
+        dist.all_to_all_single(torch.empty(sum(outs), device=dev()), torch.ones(sum(ins), device=dev()), outs, ins)
+        torch.cuda.synchronize()
+        dist.barrier()
+    except Exception as e:  # noqa: BLE001
+        first = str(e)
+    waited = time.monotonic() - t0
+    try:
+        dist.all_to_all_single(out, t)
+        torch.cuda.synchronize()
+        second = "the group kept working"
+    except Exception as e:  # noqa: BLE001
+        second = str(e)
+    return {"ran": ran, "first": first, "second": second, "waited": waited}
 
 
 def spawn_schedule_mismatch(rank, world, port, timeout_s=20.0):

@@ -83,6 +83,23 @@ def test_every_op(pools, world, dtype):
         pools.run(world, {}, "every_op", dtype=dtype, n=n)
 
 
+@pytest.mark.parametrize("config", ["auto", "host_mapped"])
+@pytest.mark.parametrize("world", WORLDS + [3])
+def test_all_to_all_on_the_gpu(pools, world, config):
+    pools.run(world, CONFIGS[config], "alltoall_cases", expect_kernel="alltoall_fifo")
+
+
+def test_all_to_all_mismatched_splits_fail_fast():
+    out = gpu_harness.spawn_ranks(2, "spawn_alltoall_mismatch", {}, timeout=120.0)
+    assert [o[0] for o in out] == ["ok", "ok"], out
+    r0, r1 = out[0][1], out[1][1]
+    assert r0["ran"] == r1["ran"] == "alltoall_fifo", out
+    assert "collective mismatch on the GPU: rank 0 sent rank 1" in r1["first"], out
+    assert "collective mismatch on the GPU: rank 1 sent rank 0" in r0["first"], out
+    assert r0["waited"] < 15.0 and r1["waited"] < 15.0, out
+    assert "has failed" in r0["second"] and "has failed" in r1["second"], out
+
+
 @pytest.mark.parametrize("world", WORLDS)
 def test_every_op_large(pools, world):
     pools.run(world, {}, "every_op", dtype="float32", n=300_000)
