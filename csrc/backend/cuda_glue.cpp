@@ -218,7 +218,8 @@ namespace {
 constexpr int kLastAllGatherLL = 100;  // last_kernel_ after an LL all_gather
 constexpr int kLastRegistered = 150;   // after an all_reduce on registered tensors
 constexpr int kLastAllGatherRegistered = 151;  // after an all_gather into registered outputs
-constexpr int kLastAllToAll = 152;       // after the all_to_all kernel
+constexpr int kLastAllToAll = 152;       // after the all_to_all kernel through the FIFOs
+constexpr int kLastAllToAllRegistered = 153;  // after the all_to_all push into registered outputs
 constexpr int kLastBlocks = 200;       // + BlockAlgo: after an NVSHMEM all_gather or reduce_scatter
 constexpr int kLastSchedule = 1000;    // + algorithm id: after the schedule executor
 
@@ -308,6 +309,7 @@ std::string CudaGroup::lastKernel() const {  // "" after a staged operation
     case kLastRegistered: return "allreduce_two_shot_registered";
     case kLastAllGatherRegistered: return "allgather_push_registered";
     case kLastAllToAll: return "alltoall_fifo";
+    case kLastAllToAllRegistered: return "alltoall_push_registered";
     default: return "";
   }
 }
@@ -316,7 +318,7 @@ bool CudaGroup::directReady(const CudaOp& op) {
   if (op.captured && ipc_state_ == Ipc::kUnset)
     throw Error(ErrorKind::kInvalid,
                 "the group's first direct CUDA collective cannot be captured in a CUDA graph (it sets up the "
-                "peer transport): run one all_reduce or all_gather on CUDA tensors before capturing");
+                "peer transport): run one all_reduce, all_gather or all_to_all on CUDA tensors before capturing");
   if (ipc_state_ == Ipc::kUnset) ipc_state_ = setUpIpc() ? Ipc::kOn : Ipc::kOff;
   if (ipc_state_ == Ipc::kOn) {  // Note [GPU watchdog]: launch nothing that would write to a dead peer
     const std::string dead = ipc_->deathNote();
@@ -603,6 +605,7 @@ struct TensorExport {
   uint64_t base;    // the allocation's address in the exporting process
   uint64_t id;      // its unique id there
   uint64_t offset;  // of the tensor in the allocation
+  uint64_t extent;  // bytes of the call's range: every rank's must be the same
   uint8_t ok;       // exported
   uint8_t known;    // every peer opened this allocation before
   uint8_t pad[6];
@@ -690,7 +693,13 @@ std::optional<std::vector<char*>> CudaGroup::registerTensors(CudaOp& op, void* p
   } else {
     cudaGetLastError();  // not within one cudaMalloc allocation (expandable segments, a VMM heap, pool memory)
   }
+  mine.extent = extent;
   exchange(all.data(), sizeof(TensorExport), timeout_ms);
+  for (int q = 0; q < world_; ++q)  // the same answer on every rank: each sees every extent
+    if (all[q].extent != extent)
+      throw Error(ErrorKind::kDesync, "collective mismatch on the GPU: rank " + std::to_string(q) + " registered " +
+                                          std::to_string(all[q].extent) + " bytes for this call, rank " +
+                                          std::to_string(rank_) + " " + std::to_string(extent));
   bool every_known = true;
   for (const TensorExport& e : all) {
     if (!e.ok) return std::nullopt;  // the same answer on every rank
@@ -783,9 +792,25 @@ void CudaGroup::allGatherDirect(CudaOp& op, const at::Tensor& in, const std::vec
   op.ipc = ipc_;
 }
 
-bool CudaGroup::allToAll(CudaOp& op, const cuda::AllToAllCall& call, DType dtype, int64_t timeout_ms) {
-  // NOTE: every condition is the same on every rank (the settings, the transport's, the capture's).
-  if (settings_.ipc_bytes == 0 || world_ > cuda::kMaxRanks || !directReady(op)) return false;
+bool CudaGroup::allToAll(CudaOp& op, const cuda::AllToAllCall& call, bool equal, DType dtype, int64_t timeout_ms) {
+  // NOTE: every condition is the same on every rank (the settings, the transport's, the capture's,
+  // the call's sizes where splits are equal).
+  if (!allToAllEligible() || !directReady(op)) return false;
+  // Note [Registered tensors]: equal blocks into one output of TILECOMM_CUDA_REGISTER_BYTES or more
+  // are stored into the peers' outputs in place (one copy instead of the FIFOs' two).
+  const uint64_t n = call.out_bytes[0];
+  if (equal && n > 0 && settings_.register_bytes > 0 && n * world_ >= settings_.register_bytes && !op.captured &&
+      ipc_->memory() == cuda::PeerMemory::kCudaIpc) {
+    const auto outputs = registerTensors(op, call.out[0], n * world_, true, timeout_ms);
+    if (outputs) {
+      last_kernel_ = kLastAllToAllRegistered;
+      op.direct_launch = cuda::allToAllRegistered(*ipc_, call.in, outputs->data(), n, op.stream.stream(),
+                                                  static_cast<uint64_t>(timeout_ms) * 1000000ull);
+      op.ipc = ipc_;
+      ++registered_calls_;
+      return true;
+    }
+  }
   if (!cuda::allToAllFits(*ipc_)) {
     if (op.captured)
       throw Error(ErrorKind::kInvalid, "cannot capture all_to_all in a CUDA graph: its kernel's " +

@@ -24,7 +24,7 @@
 // group are ordered the same way on every rank.
 //
 // Note [Synchronous CUDA calls]: a collective called with async_op=False whose GPU work may be a
-// direct kernel or the schedule executor's (every collective but all_to_all) runs on the
+// direct kernel, the schedule executor's or the all_to_all kernels (every collective) runs on the
 // caller's current stream instead, as ProcessGroupNCCL does in that mode: the caller's stream
 // orders it with what comes before and after, so it needs no `ready` event, no stream waits and
 // no recordStream (tensors are used on the caller's stream, as by any torch operation on it).
@@ -276,10 +276,15 @@ class CudaGroup {
   bool allGatherRegistered(CudaOp& op, const at::Tensor& in, const std::vector<void*>& outs, int64_t timeout_ms);
   /// In a task, inside CudaOp::run: enqueues an LL all_gather of `in` into outs[q] (one per rank).
   void allGatherDirect(CudaOp& op, const at::Tensor& in, const std::vector<void*>& outs, int64_t timeout_ms);
-  /// In a task, inside CudaOp::run: enqueues the all_to_all kernel (cuda/alltoall.h) over the
-  /// blocks of `call`; false (on every rank) where the peer transport is off or the kernel does not
-  /// fit it: the call is staged. Under CUDA graph capture that throws Error(kInvalid) instead.
-  bool allToAll(CudaOp& op, const cuda::AllToAllCall& call, DType dtype, int64_t timeout_ms);
+  /// At issue: whether an all_to_all may run on the GPU (a peer transport is possible; the same on
+  /// every rank).
+  bool allToAllEligible() const { return settings_.ipc_bytes > 0 && world_ <= cuda::kMaxRanks; }
+  /// In a task, inside CudaOp::run: enqueues an all_to_all of the blocks of `call`: with `equal`
+  /// blocks (one output, out[q] = out[0] + q x out_bytes[0]) from TILECOMM_CUDA_REGISTER_BYTES of
+  /// output over cuda_ipc, the push into registered outputs (cuda/blocks.h); else the FIFO kernel
+  /// (cuda/alltoall.h). False (on every rank) where the peer transport is off or the FIFO kernel
+  /// does not fit it: the call is staged. Under CUDA graph capture that throws Error(kInvalid).
+  bool allToAll(CudaOp& op, const cuda::AllToAllCall& call, bool equal, DType dtype, int64_t timeout_ms);
   /// The group's engine, whose scheduled algorithms the schedule executor runs (set once, before
   /// the first call).
   void setEngine(std::shared_ptr<exec::Engine> engine) { engine_ = std::move(engine); }
@@ -330,6 +335,7 @@ class CudaGroup {
   /// Every rank's address of its tensor of `extent` bytes at p (this rank's own at its index), or
   /// nullopt on every rank where some rank's cannot be exported (not within one exportable
   /// allocation; exportable false: this rank's cannot) or some rank could not open a peer's.
+  /// Throws Error(kDesync) on every rank where the ranks' extents differ (a collective mismatch).
   std::optional<std::vector<char*>> registerTensors(CudaOp& op, void* p, uint64_t extent, bool exportable,
                                                     int64_t timeout_ms);
   /// Rank q's exported allocation, opened here (cached); throws Error(kSystem) where it cannot be.

@@ -517,10 +517,11 @@ ProcessGroupTilecomm::Direct ProcessGroupTilecomm::directAllToAll(std::vector<at
                                                                 std::vector<size_t> in_len,
                                                                 std::vector<at::Tensor> outs,
                                                                 std::vector<size_t> out_off,
-                                                                std::vector<size_t> out_len, DType dtype,
-                                                                int64_t timeout_ms) {
+                                                                std::vector<size_t> out_len, bool equal,
+                                                                DType dtype, int64_t timeout_ms) {
 #ifdef TILECOMM_WITH_CUDA
-  if (!cuda_ || outs.empty() || !outs[0].is_cuda()) return nullptr;
+  // NOTE: decided at issue, so that a call that would be staged is refused under capture (launch).
+  if (!cuda_ || outs.empty() || !outs[0].is_cuda() || !cuda_->allToAllEligible()) return nullptr;
   return [=](CudaOp& cop) {
     auto begin = [](const at::Tensor& t) { return static_cast<char*>(t.data_ptr()); };
     bool overlap = false;  // the kernel reads the inputs while it writes the outputs
@@ -538,10 +539,11 @@ ProcessGroupTilecomm::Direct ProcessGroupTilecomm::directAllToAll(std::vector<at
       call.out[q] = begin(outs[outs.size() == 1 ? 0 : q]) + out_off[q];
       call.out_bytes[q] = out_len[q];
     }
-    return cuda_->allToAll(cop, call, dtype, timeout_ms);
+    return cuda_->allToAll(cop, call, equal, dtype, timeout_ms);
   };
 #else
-  (void)ins, (void)in_off, (void)in_len, (void)outs, (void)out_off, (void)out_len, (void)dtype, (void)timeout_ms;
+  (void)ins, (void)in_off, (void)in_len, (void)outs, (void)out_off, (void)out_len, (void)equal, (void)dtype,
+      (void)timeout_ms;
   return nullptr;
 #endif
 }
@@ -919,7 +921,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::alltoall_base(at::Tensor& o
   DType dt = toDType(input.scalar_type()).value_or(DType::kBytes);  // ranks must agree on it too
   return launch(c10d::OpType::ALLTOALL_BASE, opts.asyncOp, {out}, {in}, {out}, [=](const Host& h) {
     engine_->allToAll(algo, bytes(h(in)), in_off, in_len, bytes(h(out)), out_off, out_len, dt, total, timeout);
-  }, directAllToAll({in}, in_off, in_len, {out}, out_off, out_len, dt, timeout));
+  }, directAllToAll({in}, in_off, in_len, {out}, out_off, out_len, equal, dt, timeout));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::alltoall(std::vector<at::Tensor>& outputs,
@@ -932,6 +934,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::alltoall(std::vector<at::Te
     checkSame(inputs[0], inputs[r], "all_to_all input", r, false);
     checkSame(inputs[0], outputs[r], "all_to_all output", r, false);
   }
+  TORCH_CHECK_VALUE(inputs[rank_].nbytes() == outputs[rank_].nbytes(), "tilecomm: all_to_all on rank ", rank_,
+                    " sends itself ", inputs[rank_].nbytes(), " bytes (input[", rank_, "]) but expects ",
+                    outputs[rank_].nbytes(), " (output[", rank_, "]); the two must be equal");
   int64_t timeout = timeoutOf(opts.timeout, timeout_ms_);
   // Block sizes may differ per rank, so every rank uses the largest-size choice.
   uint16_t algo = engine_->pick(Coll::kAllToAll, UINT64_MAX);
@@ -953,7 +958,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::alltoall(std::vector<at::Te
     }
     engine_->allToAll(algo, nullptr, in_off, in_len, nullptr, out_off, out_len, dt, 0, timeout);
   }, directAllToAll(ins, std::vector<size_t>(size_), block_bytes(ins), outs, std::vector<size_t>(size_),
-                    block_bytes(outs), dt, timeout));
+                    block_bytes(outs), false, dt, timeout));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::barrier(const c10d::BarrierOptions& opts) {

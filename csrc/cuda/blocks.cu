@@ -142,4 +142,22 @@ uint64_t allGatherRegistered(PeerTransport& t, const char* in, char* const* outp
   return a.launch;
 }
 
+uint64_t allToAllRegistered(PeerTransport& t, const char* const* in, char* const* outputs, uint64_t nbytes,
+                            cudaStream_t stream, uint64_t timeout_ns) {
+  const int p = t.world();
+  if (nbytes == 0 || p > kMaxRanks) throw Error(ErrorKind::kInvalid, "alltoall_push_registered called outside its limits");
+  BlockArgs a{};
+  beginCall(a, t, timeout_ns, KernelKind::kAllToAll);
+  for (int q = 0; q < p; ++q) {
+    a.in[q] = in[q];
+    a.tensor[q] = outputs[q];
+  }
+  a.nbytes = nbytes;
+  a.stride = nbytes;
+  a.source = a.dest = kRegisteredSource;
+  launchAllToAllPush(a, gridFor(t, nbytes), stream);
+  checkLaunch("alltoall_push_registered");
+  return a.launch;
+}
+
 }  // namespace tilecomm::cuda

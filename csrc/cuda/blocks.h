@@ -79,4 +79,10 @@ uint64_t allReduceRegistered(PeerTransport& t, char* const* tensors, uint64_t nb
 uint64_t allGatherRegistered(PeerTransport& t, const char* in, char* const* outputs, uint64_t nbytes,
                              cudaStream_t stream, uint64_t timeout_ns);
 
+/// The same for all_to_all with equal blocks (alltoall_push.cu): in[q] is this rank's block for
+/// rank q, outputs[q] rank q's output (world x nbytes, mapped here); each rank stores in[q] into
+/// block `rank` of outputs[q], in place.
+uint64_t allToAllRegistered(PeerTransport& t, const char* const* in, char* const* outputs, uint64_t nbytes,
+                            cudaStream_t stream, uint64_t timeout_ns);
+
 }  // namespace tilecomm::cuda

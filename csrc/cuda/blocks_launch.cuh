@@ -63,6 +63,7 @@ __device__ __forceinline__ void reduceInto(const BlockArgs& a, const char* const
 }
 
 void launchAllGatherPush(const BlockArgs& a, int blocks, cudaStream_t s);
+void launchAllToAllPush(const BlockArgs& a, int blocks, cudaStream_t s);
 void launchAllGatherPull(const BlockArgs& a, int blocks, cudaStream_t s);
 void launchReduceScatterPush(const BlockArgs& a, int blocks, DType dtype, RedOp op, cudaStream_t s);
 void launchReduceScatterPull(const BlockArgs& a, int blocks, DType dtype, RedOp op, cudaStream_t s);

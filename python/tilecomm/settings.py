@@ -151,7 +151,9 @@ SETTINGS = [
         "cached) and run the two-shot kernel on them in place, with no staging copy; all_gather outputs of at "
         "least this many bytes that are one range (all_gather_into_tensor), above the LL limit and unless "
         "`TILECOMM_ALGO` forces an all_gather algorithm, are registered likewise and written in place by the push "
-        "kernel. 0: never. Tensors that cannot be exported (expandable segments, memory not from cudaMalloc) "
+        "kernel; so are all_to_all_single outputs of at least this many bytes with equal splits, into which "
+        "every rank stores its blocks in place (one copy, where the FIFO kernel copies twice). 0: never. Tensors "
+        "that cannot be exported (expandable segments, memory not from cudaMalloc) "
         "take the other paths on every rank. Each registered call exchanges its tensors' handles through the "
         "CPU engine first (every rank waits there until all issued it), and peers keep a freed allocation "
         "mapped until its address is reused or the group ends (see docs/architecture.md).",

@@ -1374,6 +1374,12 @@ def bad_inputs(rank, world, gloo):
         ValueError, lambda: dist.all_to_all_single(a2a_out, torch.zeros(world * 2 + 1), [2] * world, own_in),
         "own block", match="sends itself"
     )
+    own_out = [torch.zeros(2) for _ in range(world)]
+    own_out[rank] = torch.zeros(3)
+    msgs["all_to_all own block"] = expect_error(
+        ValueError, lambda: dist.all_to_all(own_out, [torch.zeros(2) for _ in range(world)]), "own block (list)",
+        match="sends itself"
+    )
     if world > 1:
         msgs["all_to_all_single indivisible"] = expect_error(
             ValueError, lambda: dist.all_to_all_single(torch.zeros(world + 1), torch.zeros(world + 1)), "indivisible"

@@ -571,15 +571,31 @@ def uneven_rows(sender, receiver, world, big):
     return (sender + receiver) % 3 + (big if receiver == (sender + 1) % world else 0)
 
 
-def alltoall_cases(rank, world, gloo, expect_kernel):
+def alltoall_cases(rank, world, gloo, expect_kernel, expect_large):
     """all_to_all_single (equal and uneven splits, empty blocks, odd and unaligned sizes, in place,
     async) and all_to_all (lists) on CUDA tensors, against the closed form and Gloo, run by the
-    kernel `expect_kernel`."""
+    kernel `expect_kernel`; equal splits of 8 MiB per block and more by `expect_large` (aligned,
+    unaligned and in place)."""
     d = dev()
 
-    def ran(what):
+    def ran(what, want=expect_kernel):
         got = backend().cuda_last_kernel()
-        check(got == expect_kernel, f"{what}: ran {got!r}, expected {expect_kernel!r}")
+        check(got == want, f"{what}: ran {got!r}, expected {want!r}")
+
+    for n, off, in_place in ((2_097_152, 0, False), (2_100_001, 1, False), (2_097_153, 0, True)):
+        what = f"all_to_all_single large n={n} offset={off} in_place={in_place}"
+        want = torch.cat([a2a_blocks(r, world, [n] * world, torch.float32, salt=1)[rank].view(-1)
+                          for r in range(world)])
+        src = torch.cat([b.view(-1) for b in a2a_blocks(rank, world, [n] * world, torch.float32, salt=1)])
+        buf = torch.full((world * n + off + 1,), -7.0, device=d)
+        if in_place:
+            buf[off:off + world * n] = src.to(d)
+            dist.all_to_all_single(buf[off:off + world * n], buf[off:off + world * n])
+        else:
+            dist.all_to_all_single(buf[off:off + world * n], src.to(d))
+        ran(what, expect_large)
+        check_equal(buf[off:off + world * n], want, what)
+        check(bool((buf[:off] == -7).all()) and buf[-1].item() == -7, f"{what}: wrote outside its output")
 
     for dtype in ("float32", "int8", "bool", "bfloat16", "complex64"):
         dt = DTYPES[dtype]
@@ -1261,10 +1277,11 @@ def schedule_graph(rank, world, gloo, replays):
     finish()
 
 
-def spawn_alltoall_mismatch(rank, world, port, timeout_s=20.0):
+def spawn_alltoall_mismatch(rank, world, port, timeout_s=20.0, registered=False):
     """Two ranks whose all_to_all splits disagree (rank 0 sends rank 1 two rows where rank 1 expects
-    three, rank 1 sends one where rank 0 expects two): each names the other well before the
-    timeout, and the group then fails fast."""
+    three, rank 1 sends one where rank 0 expects two; `registered`: equal splits whose sizes differ,
+    above the size that registers outputs): each names the other well before the timeout, and the
+    group then fails fast."""
     from datetime import timedelta
 
     import tilecomm  # noqa: F401
@@ -1281,7 +1298,12 @@ def spawn_alltoall_mismatch(rank, world, port, timeout_s=20.0):
     t0 = time.monotonic()
     first = ""
     try:
-        dist.all_to_all_single(torch.empty(sum(outs), device=dev()), torch.ones(sum(ins), device=dev()), outs, ins)
+        if registered:
+            n = (1 << 22) + 2 * rank
+            dist.all_to_all_single(torch.empty(n, device=dev()), torch.ones(n, device=dev()))
+        else:
+            dist.all_to_all_single(torch.empty(sum(outs), device=dev()), torch.ones(sum(ins), device=dev()), outs,
+                                   ins)
         torch.cuda.synchronize()
         dist.barrier()
     except Exception as e:  # noqa: BLE001

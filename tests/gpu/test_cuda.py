@@ -86,16 +86,24 @@ def test_every_op(pools, world, dtype):
 @pytest.mark.parametrize("config", ["auto", "host_mapped"])
 @pytest.mark.parametrize("world", WORLDS + [3])
 def test_all_to_all_on_the_gpu(pools, world, config):
-    pools.run(world, CONFIGS[config], "alltoall_cases", expect_kernel="alltoall_fifo")
+    # Equal splits from TILECOMM_CUDA_REGISTER_BYTES (8 MiB) of output are pushed into registered
+    # outputs over cuda_ipc; host_mapped has no peer addresses of device memory.
+    large = "alltoall_push_registered" if config == "auto" else "alltoall_fifo"
+    pools.run(world, CONFIGS[config], "alltoall_cases", expect_kernel="alltoall_fifo", expect_large=large)
 
 
-def test_all_to_all_mismatched_splits_fail_fast():
-    out = gpu_harness.spawn_ranks(2, "spawn_alltoall_mismatch", {}, timeout=120.0)
+@pytest.mark.parametrize("registered", [False, True])
+def test_all_to_all_mismatched_splits_fail_fast(registered):
+    out = gpu_harness.spawn_ranks(2, "spawn_alltoall_mismatch", {}, timeout=120.0, registered=registered)
     assert [o[0] for o in out] == ["ok", "ok"], out
     r0, r1 = out[0][1], out[1][1]
     assert r0["ran"] == r1["ran"] == "alltoall_fifo", out
-    assert "collective mismatch on the GPU: rank 0 sent rank 1" in r1["first"], out
-    assert "collective mismatch on the GPU: rank 1 sent rank 0" in r0["first"], out
+    if registered:
+        assert "collective mismatch on the GPU: rank 1 registered" in r0["first"], out
+        assert "collective mismatch on the GPU: rank 0 registered" in r1["first"], out
+    else:
+        assert "collective mismatch on the GPU: rank 0 sent rank 1" in r1["first"], out
+        assert "collective mismatch on the GPU: rank 1 sent rank 0" in r0["first"], out
     assert r0["waited"] < 15.0 and r1["waited"] < 15.0, out
     assert "has failed" in r0["second"] and "has failed" in r1["second"], out
 
