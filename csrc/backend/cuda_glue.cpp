@@ -796,10 +796,12 @@ bool CudaGroup::allToAll(CudaOp& op, const cuda::AllToAllCall& call, bool equal,
   // NOTE: every condition is the same on every rank (the settings, the transport's, the capture's,
   // the call's sizes where splits are equal).
   if (!allToAllEligible() || !directReady(op)) return false;
-  // Note [Registered tensors]: equal blocks into one output of TILECOMM_CUDA_REGISTER_BYTES or more
-  // are stored into the peers' outputs in place (one copy instead of the FIFOs' two).
+  // Note [Registered tensors]: with TILECOMM_CUDA_ALLTOALL=registered, equal blocks into one output
+  // of TILECOMM_CUDA_REGISTER_BYTES or more are stored into the peers' outputs in place (one copy
+  // instead of the FIFOs' two); the setting is the user's word that every rank sees equal blocks.
   const uint64_t n = call.out_bytes[0];
-  if (equal && n > 0 && settings_.register_bytes > 0 && n * world_ >= settings_.register_bytes && !op.captured &&
+  const uint64_t from = settings_.alltoall_register_bytes;
+  if (equal && n > 0 && from > 0 && n * world_ >= from && !op.captured &&
       ipc_->memory() == cuda::PeerMemory::kCudaIpc) {
     const auto outputs = registerTensors(op, call.out[0], n * world_, true, timeout_ms);
     if (outputs) {

@@ -56,9 +56,12 @@
 // (cuda/blocks.h, allReduceRegistered). all_gather does the same with its output where that is one range
 // (all_gather_into_tensor) of at least TILECOMM_CUDA_REGISTER_BYTES above the LL limit, unless
 // TILECOMM_ALGO forces an all_gather algorithm: each rank stores its block straight into every
-// rank's output (allgather_nvshmem_push.cu over cuda_ipc: n read, p x n written).
+// rank's output (allgather_nvshmem_push.cu over cuda_ipc: n read, p x n written). With
+// TILECOMM_CUDA_ALLTOALL=registered, an all_to_all_single of equal blocks does the same with its
+// output (alltoall_push.cu: each rank stores block q into block `rank` of rank q's output).
 //
-// The decision is the same on every rank: where some rank's tensor cannot be exported (not within
+// The exchange carries each rank's extent too: ranks whose extents differ (a collective mismatch)
+// all throw. The decision is the same on every rank: where some rank's tensor cannot be exported (not within
 // one cudaMalloc allocation: expandable segments, pool memory) or some rank could not open a
 // peer's, every rank takes the other path. A second all_gather (of one byte: opened or not)
 // follows only when some rank exported an allocation for the first time; one that every peer
@@ -109,6 +112,7 @@ struct CudaSettings {
   uint64_t ipc_bytes = 4u << 20;   // largest all_reduce run by a direct kernel (per staging buffer)
   uint64_t register_bytes = 8u << 20;  // all_reduce (auto) on registered tensors from this size (0: never)
   uint64_t allgather_register_bytes = 8u << 20;  // all_gather into registered outputs (0: never, or forced)
+  uint64_t alltoall_register_bytes = 0;  // equal-block all_to_all into registered outputs (0: never; fifo)
   int64_t timeout_ms = 30 * 60 * 1000;   // the group's timeout
   std::string proto = "auto";            // auto | ll | simple
   // Per peer memory (indexed by cuda::PeerMemory, the order of cuda_model.MEMORIES), set by
@@ -281,7 +285,8 @@ class CudaGroup {
   bool allToAllEligible() const { return settings_.ipc_bytes > 0 && world_ <= cuda::kMaxRanks; }
   /// In a task, inside CudaOp::run: enqueues an all_to_all of the blocks of `call`: with `equal`
   /// blocks (one output, out[q] = out[0] + q x out_bytes[0]) from TILECOMM_CUDA_REGISTER_BYTES of
-  /// output over cuda_ipc, the push into registered outputs (cuda/blocks.h); else the FIFO kernel
+  /// output over cuda_ipc and TILECOMM_CUDA_ALLTOALL=registered, the push into registered outputs
+  /// (cuda/blocks.h); else the FIFO kernel
   /// (cuda/alltoall.h). False (on every rank) where the peer transport is off or the FIFO kernel
   /// does not fit it: the call is staged. Under CUDA graph capture that throws Error(kInvalid).
   bool allToAll(CudaOp& op, const cuda::AllToAllCall& call, bool equal, DType dtype, int64_t timeout_ms);

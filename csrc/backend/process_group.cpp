@@ -2,6 +2,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+
 #include "common/error.h"
 #include "kernels/reduce.h"
 
@@ -917,11 +919,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::alltoall_base(at::Tensor& o
   bool equal = input_splits.empty() && output_splits.empty();
   uint64_t total = equal ? input.nbytes() : 0;
   uint16_t algo = engine_->pick(Coll::kAllToAll, equal ? total : UINT64_MAX);
+  // Every block of one size, given as splits or not (TILECOMM_CUDA_ALLTOALL=registered).
+  const bool same_blocks = std::all_of(in_len.begin(), in_len.end(), [&](size_t l) { return l == in_len[0]; }) &&
+                           std::all_of(out_len.begin(), out_len.end(), [&](size_t l) { return l == in_len[0]; });
   at::Tensor in = input, out = output;
   DType dt = toDType(input.scalar_type()).value_or(DType::kBytes);  // ranks must agree on it too
   return launch(c10d::OpType::ALLTOALL_BASE, opts.asyncOp, {out}, {in}, {out}, [=](const Host& h) {
     engine_->allToAll(algo, bytes(h(in)), in_off, in_len, bytes(h(out)), out_off, out_len, dt, total, timeout);
-  }, directAllToAll({in}, in_off, in_len, {out}, out_off, out_len, equal, dt, timeout));
+  }, directAllToAll({in}, in_off, in_len, {out}, out_off, out_len, same_blocks, dt, timeout));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::alltoall(std::vector<at::Tensor>& outputs,

@@ -175,7 +175,7 @@ class ProcessGroupTilecomm : public c10d::Backend {
   /// all_to_all of CUDA tensors by the all_to_all kernel, where the peer transport runs it (else
   /// staged); null for CPU tensors. Block q (to rank q) lies at in_off[q] (in_len[q] bytes) in ins[0],
   /// or in ins[q] where ins has a tensor per block; the output's blocks (from rank q) likewise.
-  /// equal: no splits (blocks of one size, the same on every rank, back to back in one output).
+  /// equal: every block of one size, back to back in one output (TILECOMM_CUDA_ALLTOALL=registered).
   Direct directAllToAll(std::vector<at::Tensor> ins, std::vector<size_t> in_off, std::vector<size_t> in_len,
                         std::vector<at::Tensor> outs, std::vector<size_t> out_off, std::vector<size_t> out_len,
                         bool equal, DType dtype, int64_t timeout_ms);

@@ -213,10 +213,12 @@ def create(opts, pg_options=None):
 
 
 def register_bytes(cfg, forced) -> list:
-    """[all_reduce, all_gather]: from which size the CUDA kernels work on registered tensors (0: never).
-    Registered outputs replace no all_gather algorithm that TILECOMM_ALGO forces (CPU or CUDA)."""
+    """[all_reduce, all_gather, all_to_all]: from which size the CUDA kernels work on registered tensors
+    (0: never). Registered outputs replace no all_gather algorithm that TILECOMM_ALGO forces (CPU or
+    CUDA); all_to_all registers only with TILECOMM_CUDA_ALLTOALL=registered."""
     size = max(0, cfg["TILECOMM_CUDA_REGISTER_BYTES"])
-    return [size, 0 if forced.get("all_gather") or forced.get("cuda:all_gather") else size]
+    return [size, 0 if forced.get("all_gather") or forced.get("cuda:all_gather") else size,
+            size if cfg["TILECOMM_CUDA_ALLTOALL"] == "registered" else 0]
 
 
 def allgather_ll_bytes(cfg) -> int:

@@ -130,8 +130,8 @@ SETTINGS = [
         "every CUDA operation. broadcast, reduce, gather, scatter, all_reduce_coalesced, and all_gather and "
         "reduce_scatter where no LL, registered or NVSHMEM kernel runs them, run their scheduled algorithm (the "
         "decision table's, or `TILECOMM_ALGO`'s) on the GPU's schedule executor; all_to_all runs as one kernel "
-        "through the executor's FIFOs (where its 2 x world - 1 lanes fit the block budget); point-to-point is "
-        "staged.",
+        "(`TILECOMM_CUDA_ALLTOALL`; the FIFO kernel where its 2 x world - 1 lanes fit the block budget); "
+        "point-to-point is staged.",
         ("auto", "one_shot", "two_shot", "registered", "scheduled", "staged", "nvshmem_two_shot"),
     ),
     Setting(
@@ -143,6 +143,20 @@ SETTINGS = [
         "this size. 0: no peer transport (every CUDA operation is staged).",
     ),
     Setting(
+        "TILECOMM_CUDA_ALLTOALL",
+        str,
+        "fifo",
+        "How all_to_all runs on CUDA tensors over the GPU peer transport (CUDA builds). `fifo`: one kernel "
+        "through the schedule executor's FIFOs, any splits, capturable (every byte copied twice). "
+        "`registered`: over cuda_ipc, an all_to_all_single whose blocks are all of one size (splits omitted, "
+        "or all equal) with at least `TILECOMM_CUDA_REGISTER_BYTES` of output registers every rank's output "
+        "and stores the blocks into it in place (one copy); the others run `fifo`. With `registered` every "
+        "rank must see the same: equal blocks of the same size on all ranks, or unequal ones on all, else "
+        "the ranks take different kernels and the call ends at the group timeout. Not the default because "
+        "torch.distributed lets ranks mix them.",
+        ("fifo", "registered"),
+    ),
+    Setting(
         "TILECOMM_CUDA_REGISTER_BYTES",
         int,
         8388608,
@@ -151,8 +165,7 @@ SETTINGS = [
         "cached) and run the two-shot kernel on them in place, with no staging copy; all_gather outputs of at "
         "least this many bytes that are one range (all_gather_into_tensor), above the LL limit and unless "
         "`TILECOMM_ALGO` forces an all_gather algorithm, are registered likewise and written in place by the push "
-        "kernel; so are all_to_all_single outputs of at least this many bytes with equal splits, into which "
-        "every rank stores its blocks in place (one copy, where the FIFO kernel copies twice). 0: never. Tensors "
+        "kernel; so are all_to_all_single outputs with `TILECOMM_CUDA_ALLTOALL=registered`. 0: never. Tensors "
         "that cannot be exported (expandable segments, memory not from cudaMalloc) "
         "take the other paths on every rank. Each registered call exchanges its tensors' handles through the "
         "CPU engine first (every rank waits there until all issued it), and peers keep a freed allocation "

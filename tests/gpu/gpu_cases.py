@@ -571,14 +571,16 @@ def uneven_rows(sender, receiver, world, big):
     return (sender + receiver) % 3 + (big if receiver == (sender + 1) % world else 0)
 
 
-def alltoall_cases(rank, world, gloo, expect_kernel, expect_large):
+def alltoall_cases(rank, world, gloo, register_from):
     """all_to_all_single (equal and uneven splits, empty blocks, odd and unaligned sizes, in place,
-    async) and all_to_all (lists) on CUDA tensors, against the closed form and Gloo, run by the
-    kernel `expect_kernel`; equal splits of 8 MiB per block and more by `expect_large` (aligned,
-    unaligned and in place)."""
+    async, and equal splits of 8 MiB per block and more: aligned, unaligned, in place) and
+    all_to_all (lists) on CUDA tensors, against the closed form and Gloo, and the kernel that ran:
+    the FIFO kernel, or the push into registered outputs for equal blocks from `register_from`
+    bytes of output (0: never)."""
     d = dev()
 
-    def ran(what, want=expect_kernel):
+    def ran(what, out_bytes=0):
+        want = "alltoall_push_registered" if 0 < register_from <= out_bytes else "alltoall_fifo"
         got = backend().cuda_last_kernel()
         check(got == want, f"{what}: ran {got!r}, expected {want!r}")
 
@@ -593,7 +595,7 @@ def alltoall_cases(rank, world, gloo, expect_kernel, expect_large):
             dist.all_to_all_single(buf[off:off + world * n], buf[off:off + world * n])
         else:
             dist.all_to_all_single(buf[off:off + world * n], src.to(d))
-        ran(what, expect_large)
+        ran(what, 4 * world * n)
         check_equal(buf[off:off + world * n], want, what)
         check(bool((buf[:off] == -7).all()) and buf[-1].item() == -7, f"{what}: wrote outside its output")
 
@@ -604,7 +606,7 @@ def alltoall_cases(rank, world, gloo, expect_kernel, expect_large):
             src = torch.cat([b.view(-1) for b in a2a_blocks(rank, world, [n] * world, dt)]).to(d)
             dst = torch.full_like(src, 3 if not dt.is_complex else 3 + 1j) if n else torch.empty_like(src)
             dist.all_to_all_single(dst, src)
-            ran(what)
+            ran(what, dst.nbytes)
             want = torch.cat([a2a_blocks(r, world, [n] * world, dt)[rank].view(-1) for r in range(world)])
             check_equal(dst, want, what)
             if n == 1031 and not dt.is_complex:
@@ -633,7 +635,7 @@ def alltoall_cases(rank, world, gloo, expect_kernel, expect_large):
     src_buf[1:] = torch.cat([b.view(-1) for b in a2a_blocks(rank, world, [n] * world, torch.int8, salt=5)]).to(d)
     dst_buf = torch.zeros(world * n + 1, dtype=torch.int8, device=d)
     dist.all_to_all_single(dst_buf[1:], src_buf[1:])
-    ran("unaligned")
+    ran("unaligned", world * n)
     want = torch.cat([a2a_blocks(r, world, [n] * world, torch.int8, salt=5)[rank].view(-1) for r in range(world)])
     check_equal(dst_buf[1:], want, "all_to_all_single unaligned")
     check(dst_buf[0].item() == 0, "all_to_all_single unaligned wrote before its output")
@@ -641,7 +643,7 @@ def alltoall_cases(rank, world, gloo, expect_kernel, expect_large):
     # in place: one tensor as input and output, the same result as out of place
     t = torch.cat([b.view(-1) for b in a2a_blocks(rank, world, [4099] * world, torch.float32, salt=7)]).to(d)
     dist.all_to_all_single(t, t)
-    ran("in place")
+    ran("in place", t.nbytes)
     want = torch.cat([a2a_blocks(r, world, [4099] * world, torch.float32, salt=7)[rank].view(-1)
                       for r in range(world)])
     check_equal(t, want, "all_to_all_single in place")

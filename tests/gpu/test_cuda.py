@@ -83,18 +83,23 @@ def test_every_op(pools, world, dtype):
         pools.run(world, {}, "every_op", dtype=dtype, n=n)
 
 
-@pytest.mark.parametrize("config", ["auto", "host_mapped"])
+A2A_REGISTERED = {"TILECOMM_CUDA_ALLTOALL": "registered"}
+
+
+@pytest.mark.parametrize("config", ["auto", "host_mapped", "alltoall_registered"])
 @pytest.mark.parametrize("world", WORLDS + [3])
 def test_all_to_all_on_the_gpu(pools, world, config):
-    # Equal splits from TILECOMM_CUDA_REGISTER_BYTES (8 MiB) of output are pushed into registered
-    # outputs over cuda_ipc; host_mapped has no peer addresses of device memory.
-    large = "alltoall_push_registered" if config == "auto" else "alltoall_fifo"
-    pools.run(world, CONFIGS[config], "alltoall_cases", expect_kernel="alltoall_fifo", expect_large=large)
+    # With TILECOMM_CUDA_ALLTOALL=registered, equal blocks from TILECOMM_CUDA_REGISTER_BYTES (8 MiB)
+    # of output are pushed into registered outputs over cuda_ipc; otherwise, and over host_mapped
+    # (no peer addresses of device memory), the FIFO kernel runs.
+    env = A2A_REGISTERED if config == "alltoall_registered" else CONFIGS[config]
+    pools.run(world, env, "alltoall_cases", register_from=(8 << 20) if config == "alltoall_registered" else 0)
 
 
 @pytest.mark.parametrize("registered", [False, True])
 def test_all_to_all_mismatched_splits_fail_fast(registered):
-    out = gpu_harness.spawn_ranks(2, "spawn_alltoall_mismatch", {}, timeout=120.0, registered=registered)
+    out = gpu_harness.spawn_ranks(2, "spawn_alltoall_mismatch", A2A_REGISTERED if registered else {},
+                                  timeout=120.0, registered=registered)
     assert [o[0] for o in out] == ["ok", "ok"], out
     r0, r1 = out[0][1], out[1][1]
     assert r0["ran"] == r1["ran"] == "alltoall_fifo", out

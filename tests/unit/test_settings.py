@@ -82,20 +82,25 @@ def test_protocol_and_ll_crossover_read():
 
 
 def test_register_bytes_per_collective():
-    """TILECOMM_CUDA_REGISTER_BYTES: [all_reduce, all_gather]; a forced all_gather algorithm (CPU or
-    CUDA) turns registered outputs off, a forced algorithm of another collective does not."""
+    """TILECOMM_CUDA_REGISTER_BYTES: [all_reduce, all_gather, all_to_all]; a forced all_gather algorithm
+    (CPU or CUDA) turns registered outputs off, a forced algorithm of another collective does not;
+    all_to_all registers only with TILECOMM_CUDA_ALLTOALL=registered."""
     from tilecomm import _backend, selector  # noqa: PLC0415
 
     cfg = settings.resolve({})
     size = cfg["TILECOMM_CUDA_REGISTER_BYTES"]
     assert size == 8 << 20
-    assert _backend.register_bytes(cfg, {}) == [size, size]
-    assert _backend.register_bytes(cfg, selector.parse_forced("all_reduce:ring")) == [size, size]
-    assert _backend.register_bytes(cfg, selector.parse_forced("all_gather:ring")) == [size, 0]
-    assert _backend.register_bytes(cfg, selector.parse_forced("all_gather:nvshmem_push")) == [size, 0]
-    assert _backend.register_bytes(cfg, selector.parse_forced("ring")) == [size, 0]  # every collective's ring
+    assert _backend.register_bytes(cfg, {}) == [size, size, 0]
+    assert _backend.register_bytes(cfg, selector.parse_forced("all_reduce:ring")) == [size, size, 0]
+    assert _backend.register_bytes(cfg, selector.parse_forced("all_gather:ring")) == [size, 0, 0]
+    assert _backend.register_bytes(cfg, selector.parse_forced("all_gather:nvshmem_push")) == [size, 0, 0]
+    assert _backend.register_bytes(cfg, selector.parse_forced("ring")) == [size, 0, 0]  # every collective's ring
     off = settings.resolve({"TILECOMM_CUDA_REGISTER_BYTES": "0"})
-    assert _backend.register_bytes(off, {}) == [0, 0]
+    assert _backend.register_bytes(off, {}) == [0, 0, 0]
+    on = settings.resolve({"TILECOMM_CUDA_ALLTOALL": "registered"})
+    assert _backend.register_bytes(on, {}) == [size, size, size]
+    with pytest.raises(ValueError, match="TILECOMM_CUDA_ALLTOALL"):
+        settings.resolve({"TILECOMM_CUDA_ALLTOALL": "push"})
 
 
 def test_allgather_ll_limit_is_its_own():
