@@ -1279,11 +1279,12 @@ def schedule_graph(rank, world, gloo, replays):
     finish()
 
 
-def spawn_alltoall_mismatch(rank, world, port, timeout_s=20.0, registered=False):
-    """Two ranks whose all_to_all splits disagree (rank 0 sends rank 1 two rows where rank 1 expects
-    three, rank 1 sends one where rank 0 expects two; `registered`: equal splits whose sizes differ,
-    above the size that registers outputs): each names the other well before the timeout, and the
-    group then fails fast."""
+def spawn_alltoall_mismatch(rank, world, port, timeout_s=20.0, mode="sizes"):
+    """Two ranks whose all_to_all splits disagree, well before the timeout, and the group then fails
+    fast. `sizes`: rank 0 sends rank 1 two rows where rank 1 expects three, rank 1 sends one where
+    rank 0 expects two (each names the other); `empty`: rank 0 sends rank 1 nothing where rank 1
+    expects one row (only channel 0's empty slice tells rank 1); `registered`: equal splits whose
+    sizes differ, above the size that registers outputs (each names the other)."""
     from datetime import timedelta
 
     import tilecomm  # noqa: F401
@@ -1296,11 +1297,14 @@ def spawn_alltoall_mismatch(rank, world, port, timeout_s=20.0, registered=False)
     dist.all_to_all_single(out, t)  # sets up the transport on every rank
     torch.cuda.synchronize()
     ran = backend().cuda_last_kernel()
-    ins, outs = ([2, 2], [2, 2]) if rank == 0 else ([1, 3], [3, 3])
+    if mode == "empty":
+        ins, outs = ([2, 0], [2, 2]) if rank == 0 else ([2, 2], [1, 2])
+    else:
+        ins, outs = ([2, 2], [2, 2]) if rank == 0 else ([1, 3], [3, 3])
     t0 = time.monotonic()
     first = ""
     try:
-        if registered:
+        if mode == "registered":
             n = (1 << 22) + 2 * rank
             dist.all_to_all_single(torch.empty(n, device=dev()), torch.ones(n, device=dev()))
         else:

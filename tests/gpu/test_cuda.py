@@ -96,16 +96,19 @@ def test_all_to_all_on_the_gpu(pools, world, config):
     pools.run(world, env, "alltoall_cases", register_from=(8 << 20) if config == "alltoall_registered" else 0)
 
 
-@pytest.mark.parametrize("registered", [False, True])
-def test_all_to_all_mismatched_splits_fail_fast(registered):
-    out = gpu_harness.spawn_ranks(2, "spawn_alltoall_mismatch", A2A_REGISTERED if registered else {},
-                                  timeout=120.0, registered=registered)
+@pytest.mark.parametrize("mode", ["sizes", "empty", "registered"])
+def test_all_to_all_mismatched_splits_fail_fast(mode):
+    out = gpu_harness.spawn_ranks(2, "spawn_alltoall_mismatch", A2A_REGISTERED if mode == "registered" else {},
+                                  timeout=120.0, mode=mode)
     assert [o[0] for o in out] == ["ok", "ok"], out
     r0, r1 = out[0][1], out[1][1]
     assert r0["ran"] == r1["ran"] == "alltoall_fifo", out
-    if registered:
+    if mode == "registered":
         assert "collective mismatch on the GPU: rank 1 registered" in r0["first"], out
         assert "collective mismatch on the GPU: rank 0 registered" in r1["first"], out
+    elif mode == "empty":  # rank 0 receives what it expects; the group's failure reaches it
+        assert "collective mismatch on the GPU: rank 0 sent rank 1" in r1["first"], out
+        assert r0["first"], out
     else:
         assert "collective mismatch on the GPU: rank 0 sent rank 1" in r1["first"], out
         assert "collective mismatch on the GPU: rank 1 sent rank 0" in r0["first"], out
