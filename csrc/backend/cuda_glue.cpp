@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <initializer_list>
 
 #include "common/error.h"
 #include "common/pci.h"
@@ -215,6 +216,14 @@ std::shared_ptr<CudaOp> CudaGroup::begin(const c10::Device& device, bool on_call
 }
 
 namespace {
+/// The call's name in every slot header of the executor's FIFOs: peers that called something else
+/// fail (Note [Schedule executor]).
+uint64_t slotTag(std::initializer_list<uint64_t> values) {
+  uint64_t tag = 0x9e3779b97f4a7c15ull;
+  for (uint64_t v : values) tag ^= v + 0x9e3779b97f4a7c15ull + (tag << 6) + (tag >> 2);
+  return tag;
+}
+
 constexpr int kLastAllGatherLL = 100;  // last_kernel_ after an LL all_gather
 constexpr int kLastRegistered = 150;   // after an all_reduce on registered tensors
 constexpr int kLastAllGatherRegistered = 151;  // after an all_gather into registered outputs
@@ -448,13 +457,9 @@ void CudaGroup::runSchedule(CudaOp& op, const exec::CollCall& call) {
     algo = first->second;
     it = program(algo);
   }
-  // The call's name in every slot header: peers that called something else fail (Note [Schedule executor]).
-  uint64_t tag = 0x9e3779b97f4a7c15ull;
-  for (uint64_t v : {static_cast<uint64_t>(call.coll), static_cast<uint64_t>(algo), static_cast<uint64_t>(call.dtype),
-                     static_cast<uint64_t>(call.op), static_cast<uint64_t>(call.root + 1), call.desc_count,
-                     call.count}) {
-    tag ^= v + 0x9e3779b97f4a7c15ull + (tag << 6) + (tag >> 2);
-  }
+  const uint64_t tag = slotTag({static_cast<uint64_t>(call.coll), static_cast<uint64_t>(algo),
+                                 static_cast<uint64_t>(call.dtype), static_cast<uint64_t>(call.op),
+                                 static_cast<uint64_t>(call.root + 1), call.desc_count, call.count});
   const uint64_t timeout_ms = call.timeout_ms > 0 ? call.timeout_ms : settings_.timeout_ms;
   last_kernel_ = kLastSchedule + algo;
   op.direct_launch = cuda::runSchedule(*ipc_, it->second, call.buf, call.count, dtypeSize(call.dtype), call.dtype,
@@ -820,9 +825,8 @@ bool CudaGroup::allToAll(CudaOp& op, const cuda::AllToAllCall& call, bool equal,
                                            std::to_string(ipc_->blockBudget()) + ", so it would be staged");
     return false;
   }
-  // The call's name in every slot header (Note [Schedule executor]); the sizes are checked per block.
-  const uint64_t tag = 0x7f4a7c159e3779b9ull ^ (static_cast<uint64_t>(Coll::kAllToAll) << 8) ^
-                       static_cast<uint64_t>(dtype);
+  // The sizes are checked per block, from each side's own splits.
+  const uint64_t tag = slotTag({static_cast<uint64_t>(Coll::kAllToAll), static_cast<uint64_t>(dtype)});
   last_kernel_ = kLastAllToAll;
   op.direct_launch = cuda::allToAllFifo(*ipc_, call, tag, op.stream.stream(),
                                         static_cast<uint64_t>(timeout_ms) * 1000000ull);

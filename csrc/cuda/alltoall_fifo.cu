@@ -29,13 +29,10 @@ __global__ void __launch_bounds__(kThreads) allToAllKernel(AllToAllArgs a) {
   const uint64_t base = barrierBase(a);
   const int lane = blockIdx.x / a.per_lane, sub = blockIdx.x % a.per_lane;
   bool ok = true;
-  if (lane == 0) {  // the own block
-    const char* src = a.call.in[a.rank];
-    char* dst = a.call.out[a.rank];
-    const uint64_t n = a.call.out_bytes[a.rank], nvec = (n + 15) / 16;
-    const bool src_aligned = isAligned(src), dst_aligned = isAligned(dst);
-    for (uint64_t v = sub * blockDim.x + threadIdx.x; v < nvec; v += a.per_lane * blockDim.x)
-      storeUser(dst, v, n, dst_aligned, loadBuf(src, v, n, src_aligned));
+  if (lane == 0) {  // the own block, over this lane's blocks
+    const uint64_t n = a.call.out_bytes[a.rank];
+    copyVectors(a.call.in[a.rank], a.call.out[a.rank], n,
+                Walk{sub * blockDim.x + threadIdx.x, static_cast<uint64_t>(a.per_lane) * blockDim.x, (n + 15) / 16});
   } else {  // lanes 1..p-1 send to rank + k, lanes p..2p-2 receive from rank - k
     const bool sends = lane < a.world;
     const int k = sends ? lane : lane - a.world + 1;

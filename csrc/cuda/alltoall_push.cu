@@ -16,18 +16,7 @@ __global__ void __launch_bounds__(kThreads, 2) alltoallPushKernel(BlockArgs a) {
   const bool ok = waitPeers(a, 0, c.seq);
   for (int i = 0; ok && i < a.world; ++i) {  // i = 0: the own block
     const int q = (a.rank + i) % a.world;
-    const char* const from = a.in[q];  // in registers: a store through `to` could alias the arrays
-    char* const to = a.tensor[q] + a.rank * a.stride;
-    const bool from_aligned = isAligned(from), to_aligned = isAligned(to);
-    for (uint64_t v = w.first; v < w.end; v += kUnroll * w.step) {
-      uint4 x[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
-        x[u] = v + u * w.step < w.end ? loadUser(from, v + u * w.step, a.nbytes, from_aligned) : uint4{};
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
-        if (v + u * w.step < w.end) storeUser(to, v + u * w.step, a.nbytes, to_aligned, x[u]);
-    }
+    copyVectors(a.in[q], a.tensor[q] + a.rank * a.stride, a.nbytes, w);
   }
   if (ok) {
     signalPushed(a, c.seq);
