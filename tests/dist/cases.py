@@ -1562,6 +1562,20 @@ def _err(e):
     return {"type": type(e).__name__, "message": str(e), "is_dist_backend_error": isinstance(e, dist.DistBackendError)}
 
 
+def _store_barrier(tag, world):
+    """Waits until every rank got here, through the default group's store (no collective).
+
+    The last to arrive sets a key that the others wait on: the store answers
+    every waiter when it is set, so a rank that moves on (and may exit, taking
+    the store with it) never leaves another one asking.
+    """
+    store = dist.distributed_c10d._get_default_store()
+    key = f"store_barrier/{tag}"
+    if store.add(key, 1) == world:
+        store.set(key + "/all", "1")
+    store.wait([key + "/all"], timedelta(seconds=60))
+
+
 def _attempt(fn, *args, **kwargs):
     """(the error as _err gives it, or None; seconds) of one call of fn."""
     t0 = time.monotonic()
@@ -1577,7 +1591,8 @@ def spawn_desync(rank, world, port, kind="all_reduce_vs_broadcast", timeout_s=30
     """Mismatched collectives: every rank must raise DistBackendError quickly; later ops fail too."""
     _init(rank, world, port, timeout_s)
     warm = torch.ones(4)
-    dist.all_reduce(warm)  # everyone connected and in step
+    dist.all_reduce(warm)  # everyone connected
+    _store_barrier("desync", world)  # in step: nobody is still inside the warm-up when rank 0 fails the group
     t = torch.ones(4)
     t0 = time.monotonic()
     try:
@@ -2083,7 +2098,11 @@ def spawn_desync_matrix(rank, world, port, items, timeout_s=10):
     for spec, mine, theirs in items:
         os.environ["TILECOMM_ALGO"] = spec  # rank 0's value is read at group creation
         g = dist.new_group(backend="tilecomm", timeout=timedelta(seconds=timeout_s))
-        _call("all_reduce", g)  # everyone connected and in step
+        _call("all_reduce", g)  # everyone connected
+        # NOTE: a rank still inside that all_reduce when rank 0 fails the group at
+        # the next call gets the failure there (the group fails fast); the Gloo
+        # barrier keeps every rank in step, so the mismatched call is where it fails.
+        dist.barrier()
         first, elapsed = _attempt(_call, g=g, **(mine if rank == 0 else theirs))
         try:
             _call("all_reduce", g)
