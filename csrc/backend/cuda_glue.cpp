@@ -798,8 +798,9 @@ void CudaGroup::allGatherDirect(CudaOp& op, const at::Tensor& in, const std::vec
 }
 
 bool CudaGroup::allToAll(CudaOp& op, const cuda::AllToAllCall& call, bool equal, DType dtype, int64_t timeout_ms) {
-  // NOTE: every condition is the same on every rank (the settings, the transport's, the capture's,
-  // the call's sizes where splits are equal).
+  // NOTE: every condition is the same on every rank (the settings, the transport's, the capture's)
+  // but `equal`, which each rank reads off its own splits: the registered setting is the user's
+  // promise that every rank's are equal too.
   if (!allToAllEligible() || !directReady(op)) return false;
   // Note [Registered tensors]: with TILECOMM_CUDA_ALLTOALL=registered, equal blocks into one output
   // of TILECOMM_CUDA_REGISTER_BYTES or more are stored into the peers' outputs in place (one copy

@@ -458,8 +458,8 @@ __device__ __forceinline__ void storeStaging(char* staging, uint64_t v, uint4 x)
   __stcg(reinterpret_cast<uint4*>(staging) + v, x);
 }
 
-/// This thread's vectors of walk w of nbytes at `src` (written by another rank this call) copied
-/// to `dst` (any alignment), kUnroll loads in flight per thread.
+/// This thread's vectors of walk w of nbytes at `src` (this rank's input, or written by another
+/// rank this call: loads bypass L1) copied to `dst` (any alignment), kUnroll loads in flight per thread.
 __device__ __forceinline__ void copyVectors(const char* src, char* dst, uint64_t nbytes, const Walk& w) {
   const bool aligned = isAligned(dst);
   for (uint64_t v = w.first; v < w.end; v += kUnroll * w.step) {

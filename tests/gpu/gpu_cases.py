@@ -614,6 +614,15 @@ def alltoall_cases(rank, world, gloo, register_from):
                 dist.all_to_all_single(ref, src.cpu(), group=gloo)
                 check_equal(dst, ref, f"{what} vs gloo")
 
+    # equal blocks given as splits: the same kernel as with the splits left out
+    n = 2_097_152
+    src = torch.cat([b.view(-1) for b in a2a_blocks(rank, world, [n] * world, torch.float32, salt=3)]).to(d)
+    dst = torch.empty_like(src)
+    dist.all_to_all_single(dst, src, [n] * world, [n] * world)
+    ran("equal splits given", dst.nbytes)
+    check_equal(dst, torch.cat([a2a_blocks(r, world, [n] * world, torch.float32, salt=3)[rank].view(-1)
+                                for r in range(world)]), "all_to_all_single equal splits given")
+
     # uneven splits of 2-D int16 rows of 5 (10-byte rows: blocks start unaligned), some empty
     for big in (0, 9000):
         ins = [uneven_rows(rank, j, world, big) for j in range(world)]
