@@ -509,6 +509,12 @@ def _spawn_main(rank, world, port, env, conn, case, kwargs):
         except OSError:
             pass
     finally:
+        # NOTE: rank 0 holds the TCPStore; a rank that finished first stays until the parent
+        # has every rank's outcome (it closes the pipe), so no rank loses the store mid-case.
+        try:
+            conn.poll(600)
+        except (OSError, EOFError):
+            pass
         conn.close()
     os._exit(0)  # skip interpreter teardown: a failed group must not hang the exit
 
@@ -575,6 +581,8 @@ def spawn_ranks(world: int, case: str, env: dict | None = None, timeout: float =
     for r in pending:
         outcomes[r] = RankOutcome(r, procs[r].pid, "timeout")
         procs[r].kill()
+    for c in conns:
+        c.close()  # lets the ranks exit
     for p in procs:
         p.join(10)
         if p.is_alive():
@@ -582,6 +590,4 @@ def spawn_ranks(world: int, case: str, env: dict | None = None, timeout: float =
             p.join(10)
     for r, p in enumerate(procs):
         outcomes[r].exitcode = p.exitcode
-    for c in conns:
-        c.close()
     return outcomes
