@@ -246,6 +246,11 @@ def _spawn_main(rank, world, port, env, conn, case, kwargs):
         conn.send(("ok", getattr(gpu_cases, case)(rank, world, port, **kwargs)))
     except BaseException as e:
         conn.send(_error(e))
+    # NOTE: rank 0 holds the TCPStore: stay until the parent has every rank's reply (it closes the pipe).
+    try:
+        conn.poll(600)
+    except (OSError, EOFError):
+        pass
     conn.close()
     os._exit(0)  # a failed group must not hang the exit
 
@@ -263,7 +268,10 @@ def spawn_ranks(world: int, case: str, env: dict | None = None, timeout: float =
         conns.append(parent)
         procs.append(p)
     replies = _collect(conns, procs, timeout)
+    for c in conns:
+        c.close()  # lets the ranks that replied exit
     for p in procs:
+        p.join(2)
         if p.is_alive():
             p.kill()
         p.join(10)
