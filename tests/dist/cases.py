@@ -2100,7 +2100,7 @@ def spawn_desync_matrix(rank, world, port, items, timeout_s=10):
         g = dist.new_group(backend="tilecomm", timeout=timedelta(seconds=timeout_s))
         _call("all_reduce", g)  # everyone connected
         # NOTE: a rank still inside that all_reduce when rank 0 fails the group at
-        # the next call gets the failure there (the group fails fast); the Gloo
+        # the next call may get the failure there (the group fails fast); the Gloo
         # barrier keeps every rank in step, so the mismatched call is where it fails.
         dist.barrier()
         first, elapsed = _attempt(_call, g=g, **(mine if rank == 0 else theirs))
