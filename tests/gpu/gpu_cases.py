@@ -573,7 +573,7 @@ def uneven_rows(sender, receiver, world, big):
 
 def alltoall_cases(rank, world, gloo, register_from):
     """all_to_all_single (equal and uneven splits, empty blocks, odd and unaligned sizes, in place,
-    async, and equal splits of 8 MiB per block and more: aligned, unaligned, in place) and
+    async, and equal splits of 8 MiB per block and more: aligned, unaligned, in place, given) and
     all_to_all (lists) on CUDA tensors, against the closed form and Gloo, and the kernel that ran:
     the FIFO kernel, or the push into registered outputs for equal blocks from `register_from`
     bytes of output (0: never)."""
