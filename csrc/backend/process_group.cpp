@@ -947,23 +947,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::alltoall(std::vector<at::Te
   uint16_t algo = engine_->pick(Coll::kAllToAll, UINT64_MAX);
   std::vector<at::Tensor> ins = inputs, outs = outputs;
   DType dt = toDType(inputs[0].scalar_type()).value_or(DType::kBytes);
-  auto block_bytes = [](const std::vector<at::Tensor>& ts) {
-    std::vector<size_t> n;
-    for (const at::Tensor& t : ts) n.push_back(t.nbytes());
-    return n;
-  };
+  std::vector<size_t> in_len, out_len;  // each peer's block is its own tensor
+  for (int r = 0; r < size_; ++r) {
+    in_len.push_back(ins[r].nbytes());
+    out_len.push_back(outs[r].nbytes());
+  }
   return launch(c10d::OpType::ALLTOALL, opts.asyncOp, outs, ins, outs, [=](const Host& h) {
-    // Offsets from address zero: each peer's block is its own tensor.
-    std::vector<size_t> in_off, in_len, out_off, out_len;
+    // Offsets from address zero.
+    std::vector<size_t> in_off, out_off;
     for (int r = 0; r < size_; ++r) {
       in_off.push_back(reinterpret_cast<size_t>(h(ins[r]).data_ptr()));
-      in_len.push_back(ins[r].nbytes());
       out_off.push_back(reinterpret_cast<size_t>(h(outs[r]).data_ptr()));
-      out_len.push_back(outs[r].nbytes());
     }
     engine_->allToAll(algo, nullptr, in_off, in_len, nullptr, out_off, out_len, dt, 0, timeout);
-  }, directAllToAll(ins, std::vector<size_t>(size_), block_bytes(ins), outs, std::vector<size_t>(size_),
-                    block_bytes(outs), false, dt, timeout));
+  }, directAllToAll(ins, std::vector<size_t>(size_), in_len, outs, std::vector<size_t>(size_), out_len, false, dt,
+                    timeout));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::barrier(const c10d::BarrierOptions& opts) {
