@@ -18,10 +18,13 @@ P2PEngine::P2PEngine(Executor& exec, std::function<void(const std::string&)> on_
   sent_msgs_.assign(world, 0);
 }
 
-P2PEngine::~P2PEngine() {
+P2PEngine::~P2PEngine() { stop(); }
+
+void P2PEngine::stop() {
   {
     std::lock_guard<std::mutex> lk(mu_);
     stop_ = true;
+    if (failed_.empty()) failed_ = kStopped;  // later posts fail at once
   }
   cv_.notify_all();
   exec_.transport().wakeSelf();
@@ -33,24 +36,37 @@ void P2PEngine::start() {
 }
 
 void P2PEngine::post(P2POp op) {
+  std::string err;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (!failed_.empty()) {
-      std::string err = failed_;
-      op.done(op.peer, err);
-      return;
+      err = failed_;
+    } else {
+      int64_t t = op.timeout_ms > 0 ? op.timeout_ms : 30 * 60 * 1000;
+      op.deadline = Clock::now() + std::chrono::milliseconds(t);
+      if (op.send && op.tag >= kInternalTags) ++internal_sends_;
+      incoming_.push_back(std::move(op));
     }
-    int64_t t = op.timeout_ms > 0 ? op.timeout_ms : 30 * 60 * 1000;
-    op.deadline = Clock::now() + std::chrono::milliseconds(t);
-    incoming_.push_back(std::move(op));
+  }
+  if (!err.empty()) {  // NOTE: outside the lock: the callback may post again
+    op.done(op.peer, err);
+    return;
   }
   cv_.notify_all();
   exec_.transport().wakeSelf();  // the thread may be asleep on the doorbell
 }
 
+void P2PEngine::flushInternalSends(std::chrono::milliseconds limit) {
+  const Clock::time_point deadline = Clock::now() + limit;
+  while (internal_sends_.load() > 0 && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+}
+
 void P2PEngine::finish(std::list<P2POp>::iterator it, const std::string& err) {
-  it->done(it->peer, err);
-  pending_.erase(it);
+  P2POp op = std::move(*it);
+  pending_.erase(it);  // first: a callback that throws must not leave its operation behind
+  if (op.send && op.tag >= kInternalTags) --internal_sends_;
+  op.done(op.peer, err);
 }
 
 void P2PEngine::loop() {
@@ -96,9 +112,11 @@ bool P2PEngine::pass(std::vector<int>& waiting) {
     P2POp& op = *it;
     auto next = std::next(it);
     if (now >= op.deadline) {
-      std::string what = std::string(op.send ? "send to rank " : "recv from ") +
-                         (op.peer >= 0 ? (op.send ? "" : "rank ") + std::to_string(op.peer) : "any rank") +
-                         " (tag " + std::to_string(op.tag) + ", " + std::to_string(op.nbytes) + " bytes)";
+      std::string what = !op.label.empty()
+                             ? op.label
+                             : std::string(op.send ? "send to rank " : "recv from ") +
+                                   (op.peer >= 0 ? (op.send ? "" : "rank ") + std::to_string(op.peer) : "any rank") +
+                                   " (tag " + std::to_string(op.tag) + ", " + std::to_string(op.nbytes) + " bytes)";
       std::string msg = "timed out after " + std::to_string(op.timeout_ms) + " ms in point-to-point " + what +
                         " on rank " + std::to_string(exec_.transport().rank());
       // NOTE: a message cut off half way leaves its channel out of step: that fails the group.

@@ -6,6 +6,8 @@
 // receive is posted, or ahead of one with another tag, is kept aside.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -19,13 +21,18 @@
 
 namespace tilecomm::exec {
 
+/// Tags from here on belong to the backend itself (user tags are ints): its messages never match a
+/// user's receive.
+constexpr int64_t kInternalTags = int64_t{1} << 32;
+
 struct P2POp {
   bool send = false;
   int peer = -1;  // -1: any source
-  int tag = 0;
+  int64_t tag = 0;  // the user's (an int), or one of the backend's own above them (kInternalTags)
   char* ptr = nullptr;
   size_t nbytes = 0;
   int64_t timeout_ms = 0;
+  std::string label;  // names the operation in a timeout's message ("": its kind, peer, tag and size)
   /// Called once on the engine thread: (source rank, "" or an error message).
   std::function<void(int, const std::string&)> done;
   // progress, owned by the engine
@@ -40,11 +47,16 @@ class P2PEngine {
   P2PEngine(Executor& exec, std::function<void(const std::string&)> on_fatal);
   ~P2PEngine();
   void start();
+  /// Fails the pending operations ("process group destroyed ...") and joins the thread; later posts
+  /// are dropped. Idempotent; the destructor calls it.
+  void stop();
   void post(P2POp op);
+  /// Waits (at most `limit`) until every send under an internal tag that was posted has ended.
+  void flushInternalSends(std::chrono::milliseconds limit);
 
  private:
   struct Unexpected {  // a message set aside, possibly still arriving
-    int tag;
+    int64_t tag;
     std::vector<char> data;
     size_t arrived = 0;
   };
@@ -77,6 +89,7 @@ class P2PEngine {
   std::deque<P2POp> incoming_;
   bool stop_ = false;
   std::string failed_;
+  std::atomic<int64_t> internal_sends_{0};  // posted and not yet finished
   std::thread thread_;
 };
 

@@ -24,7 +24,7 @@ namespace transport {
 
 namespace {
 constexpr uint64_t kMagic = 0x746c636f6d6d3031ull;  // "tlcomm01"
-constexpr uint32_t kVersion = 3;
+constexpr uint32_t kVersion = 4;  // 4: the slot header's tag is 64 bits
 constexpr size_t kErrorBytes = 1024;
 }  // namespace
 

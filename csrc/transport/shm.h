@@ -30,7 +30,7 @@ struct SlotHeader {
   uint64_t msg_bytes;  // total bytes of the message this slot belongs to
   uint64_t offset;     // byte offset of this slot's payload in the message
   uint32_t len;        // payload bytes in this slot
-  int32_t tag;         // point-to-point lane: the user's tag
+  int64_t tag;         // point-to-point lane: the message's tag (exec/p2p.h)
   uint64_t p2p_seq;    // point-to-point lane: message number on this channel
 };
 

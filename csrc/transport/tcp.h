@@ -38,7 +38,7 @@
 
 namespace tilecomm::transport {
 
-constexpr uint32_t kFrameMagic = 0x74636631;  // "tcf1"
+constexpr uint32_t kFrameMagic = 0x74636632;  // "tcf2" (the slot header's tag widened to 64 bits)
 constexpr size_t kTokenBytes = 32;
 constexpr size_t kAbortBytes = 1024;
 

@@ -22,9 +22,9 @@ import torch.distributed  # noqa: F401  (the extension needs it loaded first)
 from tilecomm import _C
 
 SLOT_BYTES = 256
-FRAME_MAGIC = 0x74636631
+FRAME_MAGIC = 0x74636632
 DESC = struct.Struct("<QQiHBBB7x")  # CollDesc (32 bytes): seq count root algo coll dtype op, padding
-SLOT = struct.Struct("<32sQQIiQ")  # SlotHeader: desc msg_bytes offset len tag p2p_seq
+SLOT = struct.Struct("<32sQQI4xqQ")  # SlotHeader: desc msg_bytes offset len (padding) tag p2p_seq
 FRAME = struct.Struct("<IBBHII Q")  # FrameHeader up to the slot header
 assert DESC.size == 32 and SLOT.size == _C.SLOT_HEADER_BYTES
 assert FRAME.size + SLOT.size + DESC.size == _C.FRAME_HEADER_BYTES  # ... then the call before (a CollDesc)
@@ -58,7 +58,7 @@ def _desc(src: Source, seq=1) -> bytes:
 def slot_input(data: bytes) -> bytes:
     src = Source(data)
     n = src.pick(64, "I")
-    header = SLOT.pack(_desc(src), src.pick(64, "Q"), src.pick(0, "Q"), n, src.pick(0, "i"), src.pick(0, "Q"))
+    header = SLOT.pack(_desc(src), src.pick(64, "Q"), src.pick(0, "Q"), n, src.pick(0, "q"), src.pick(0, "Q"))
     return header + src.take(min(n, 2 * SLOT_BYTES) % (2 * SLOT_BYTES + 1))
 
 

@@ -81,8 +81,8 @@ def test_interface_address():
         _C.interface_address("no-such-if0")
 
 
-FRAME = struct.Struct("<IBBHIIQ32sQQIiQ")  # FrameHeader: magic kind lane _ len _ seq | SlotHeader
-FRAME_MAGIC = 0x74636631
+FRAME = struct.Struct("<IBBHIIQ32sQQI4xqQ")  # FrameHeader: magic kind lane _ len _ seq | SlotHeader
+FRAME_MAGIC = 0x74636632
 
 
 def _frame(kind=1, lane=0, length=8, seq=0, msg=8, off=0, slot_len=None, magic=FRAME_MAGIC):
