@@ -166,6 +166,7 @@ void CudaGroup::releasePeers() {
   if (cudaGetDevice(&prev) != cudaSuccess) return;
   cudaSetDevice(device_->index());
   cudaStreamSynchronize(raw_stream_);
+  cudaStreamSynchronize(p2p_stream_->stream());  // its copies read peers' mappings
   order_.drain();  // a synchronous collective's kernel on a caller's stream
   // NOTE: a peer may still be reading our staging buffers in its last direct kernel; wait
   // (bounded: a dead peer reads nothing) until each says it is done, then free them.
@@ -176,7 +177,9 @@ void CudaGroup::releasePeers() {
   // Note [Registered tensors]: our kernels are done (the stream is idle), and a peer's kernel that
   // wrote our tensor ended before ours did.
   for (auto& [key, mapping] : mapped_) cudaIpcCloseMemHandle(mapping.second);
+  for (char* p : retired_) cudaIpcCloseMemHandle(p);
   mapped_.clear();
+  retired_.clear();
   cudaSetDevice(prev);
 }
 
@@ -187,6 +190,7 @@ void CudaGroup::bind(const c10::Device& device) {
     // NOTE: a pool stream, never destroyed: tensors the group used keep a record of
     // it in the caching allocator and may be freed after the group is gone.
     stream_ = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device.index());
+    p2p_stream_ = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device.index());
     raw_stream_ = stream_->stream();
     events_ = std::make_shared<EventPool>(device.index());
     device_ = device;
@@ -201,11 +205,21 @@ std::shared_ptr<CudaOp> CudaGroup::beginCollective(const c10::Device& device, bo
   return op;
 }
 
+std::shared_ptr<CudaOp> CudaGroup::beginP2P(const c10::Device& device) {
+  bind(device);
+  return begin(device, false, *p2p_stream_);
+}
+
 std::shared_ptr<CudaOp> CudaGroup::begin(const c10::Device& device, bool on_caller_stream) {
   bind(device);
+  return begin(device, on_caller_stream, *stream_);
+}
+
+std::shared_ptr<CudaOp> CudaGroup::begin(const c10::Device& device, bool on_caller_stream,
+                                         c10::cuda::CUDAStream internal) {
   c10::cuda::CUDAGuard guard(device);  // an event is recorded on its own device
   c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device.index());
-  auto op = std::make_shared<CudaOp>(device, on_caller_stream ? current : *stream_, events_, on_caller_stream);
+  auto op = std::make_shared<CudaOp>(device, on_caller_stream ? current : internal, events_, on_caller_stream);
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   TORCH_CHECK(cudaStreamIsCapturing(current.stream(), &capture) == cudaSuccess, "tilecomm: cudaStreamIsCapturing");
   op->captured = capture != cudaStreamCaptureStatusNone;
@@ -656,26 +670,34 @@ void CudaGroup::exchange(void* all, uint64_t each, int64_t timeout_ms) {
                               DType::kBytes, RedOp::kNone, -1, each, timeout_ms});
 }
 
-char* CudaGroup::peerAllocation(CudaOp& op, int q, const TensorExport& e) {
-  auto it = mapped_.find({q, e.base});
+char* CudaGroup::peerAllocation(cudaStream_t stream, int q, uint64_t base, uint64_t id,
+                                 const cudaIpcMemHandle_t& handle, bool retire) {
+  std::lock_guard<std::mutex> lk(mapped_mu_);
+  auto it = mapped_.find({q, base});
   if (it != mapped_.end()) {
-    if (it->second.first == e.id) return it->second.second;
-    // A new allocation at a known address: the old one was freed. Our earlier kernels may still
-    // read the old mapping.
-    const cudaError_t synced = cudaStreamSynchronize(op.stream.stream());
-    if (synced != cudaSuccess)
-      throw Error(ErrorKind::kSystem, std::string("cudaStreamSynchronize: ") + cudaGetErrorString(synced));
-    cudaIpcCloseMemHandle(it->second.second);
+    if (it->second.first == id) return it->second.second;
+    // A new allocation at a known address: the old one was freed. Earlier kernels and copies may
+    // still read the old mapping.
+    if (retire) {
+      retired_.push_back(it->second.second);
+    } else {
+      for (cudaStream_t s : {stream, raw_stream_, p2p_stream_->stream()}) {
+        const cudaError_t synced = cudaStreamSynchronize(s);
+        if (synced != cudaSuccess)
+          throw Error(ErrorKind::kSystem, std::string("cudaStreamSynchronize: ") + cudaGetErrorString(synced));
+      }
+      cudaIpcCloseMemHandle(it->second.second);
+    }
     mapped_.erase(it);
   }
   void* p = nullptr;
-  cudaError_t err = cudaIpcOpenMemHandle(&p, e.handle, cudaIpcMemLazyEnablePeerAccess);
+  cudaError_t err = cudaIpcOpenMemHandle(&p, handle, cudaIpcMemLazyEnablePeerAccess);
   if (err != cudaSuccess) {
     cudaGetLastError();  // clears it
     throw Error(ErrorKind::kSystem, "rank " + std::to_string(rank_) + " cannot open rank " + std::to_string(q) +
-                                        "'s tensor to register it: " + cudaGetErrorString(err));
+                                        "'s CUDA memory: " + cudaGetErrorString(err));
   }
-  mapped_[{q, e.base}] = {e.id, static_cast<char*>(p)};
+  mapped_[{q, base}] = {id, static_cast<char*>(p)};
   return static_cast<char*>(p);
 }
 
@@ -718,7 +740,8 @@ std::optional<std::vector<char*>> CudaGroup::registerTensors(CudaOp& op, void* p
       continue;
     }
     try {
-      tensors[q] = peerAllocation(op, q, all[q]) + all[q].offset;
+      tensors[q] = peerAllocation(op.stream.stream(), q, all[q].base, all[q].id, all[q].handle, false) +
+                   all[q].offset;
     } catch (const std::exception& e) {  // every rank must reach the agreement below
       why = e.what();
     }
@@ -879,7 +902,9 @@ std::string CudaGroup::status() const {
                                           : "unset") +
          " in_place_calls=" + std::to_string(in_place_calls_.load()) +
          " registered_calls=" + std::to_string(registered_calls_.load()) +
-         " programs=" + std::to_string(programs_.size());
+         " programs=" + std::to_string(programs_.size()) + " p2p=" + (p2pDirect() ? "direct" : "staged") +
+         " p2p_exported=" + std::to_string(p2p_exported_.load()) + " p2p_copies=" + std::to_string(p2p_copies_.load()) +
+         " p2p_unopened=" + std::to_string(p2p_unopened_.load());
 }
 
 GpuTopology CudaGroup::topology() const {
@@ -890,6 +915,108 @@ GpuTopology CudaGroup::topology() const {
 }
 
 // ---------------------------------------------------------------- point-to-point
+
+int64_t p2pDescTag(int tag) { return exec::kInternalTags + (static_cast<int64_t>(tag) - INT32_MIN); }
+int64_t p2pReplyTag(uint64_t seq) { return 2 * exec::kInternalTags + static_cast<int64_t>(seq % exec::kInternalTags); }
+int64_t p2pDataTag(uint64_t seq) { return 3 * exec::kInternalTags + static_cast<int64_t>(seq % exec::kInternalTags); }
+
+bool CudaGroup::p2pDirect() const {
+  if (settings_.p2p != "direct" || settings_.ipc_bytes == 0 || settings_.transport == "host_mapped") return false;
+  for (const auto& [pair, link] : settings_.gpu_links)
+    if (link == "none") return false;  // peers may be on GPUs that cannot reach each other
+  return true;
+}
+
+P2PDesc CudaGroup::p2pExport(const CudaOp& op, const at::Tensor& t, int dst) {
+  P2PDesc d;
+  d.nbytes = t.nbytes();
+  {
+    std::lock_guard<std::mutex> lk(p2p_mu_);
+    if (p2p_sent_.empty()) p2p_sent_.assign(world_, 0);
+    d.seq = p2p_sent_[dst]++;
+  }
+  C10_CUDA_CHECK(cudaEventSynchronize(op.ready));  // t is written
+  uint64_t base = 0, size = 0, id = 0;
+  void* p = t.data_ptr();
+  if (d.nbytes > 0 && allocationOf(p, &base, &size, &id) && reinterpret_cast<uint64_t>(p) + d.nbytes <= base + size &&
+      cudaIpcGetMemHandle(&d.handle, reinterpret_cast<void*>(base)) == cudaSuccess) {
+    d.exported = 1;
+    d.base = base;
+    d.id = id;
+    d.offset = reinterpret_cast<uint64_t>(p) - base;
+    ++p2p_exported_;
+  } else {
+    cudaGetLastError();  // not exportable: the bytes go through host memory
+  }
+  return d;
+}
+
+namespace {
+/// A reply waiting for its copy to end (cudaLaunchHostFunc's argument).
+struct PendingReply {
+  std::weak_ptr<exec::Engine> engine;
+  int dst;
+  uint64_t seq;
+  P2PReply reply;
+  int64_t timeout_ms;
+};
+
+void postReply(std::shared_ptr<exec::Engine> engine, int dst, uint64_t seq, P2PReply reply, int64_t timeout_ms) {
+  auto payload = std::make_shared<P2PReply>(reply);
+  exec::P2POp op;
+  op.send = true;
+  op.peer = dst;
+  op.tag = p2pReplyTag(seq);
+  op.ptr = reinterpret_cast<char*>(payload.get());
+  op.nbytes = sizeof(P2PReply);
+  op.timeout_ms = timeout_ms;
+  op.label = "the reply to rank " + std::to_string(dst) + "'s CUDA send";
+  op.done = [payload](int, const std::string&) {};  // a failure reaches the sender as its own
+  engine->p2p().post(std::move(op));
+}
+
+// NOTE: runs on a thread of the CUDA runtime, so it makes no CUDA call: it only queues a message
+// (and throws nothing: there is no one to catch it).
+void replyAfterCopy(void* arg) {
+  std::unique_ptr<PendingReply> r(static_cast<PendingReply*>(arg));
+  try {
+    if (auto engine = r->engine.lock()) postReply(std::move(engine), r->dst, r->seq, r->reply, r->timeout_ms);
+  } catch (...) {  // out of memory: the sender's send times out and fails the group
+  }
+}
+}  // namespace
+
+bool CudaGroup::p2pCopy(CudaOp& op, const at::Tensor& t, int src, const P2PDesc& d, int64_t timeout_ms) {
+  c10::cuda::CUDAGuard guard(op.device);  // this thread's device, for opening
+  char* peer = nullptr;
+  try {
+    peer = peerAllocation(op.stream.stream(), src, d.base, d.id, d.handle, true) + d.offset;
+  } catch (const Error&) {  // no peer access between the GPUs, or no shared IPC namespace
+    ++p2p_unopened_;
+    return false;
+  }
+  op.run({t}, [&] {
+    C10_CUDA_CHECK(cudaMemcpyAsync(t.data_ptr(), peer, d.nbytes, cudaMemcpyDeviceToDevice, op.stream.stream()));
+    auto r = std::make_unique<PendingReply>(PendingReply{engine_, src, d.seq, P2PReply{}, timeout_ms});
+    C10_CUDA_CHECK(cudaLaunchHostFunc(op.stream.stream(), replyAfterCopy, r.get()));
+    r.release();  // replyAfterCopy owns it
+  });
+  ++p2p_copies_;
+  return true;
+}
+
+void CudaGroup::p2pReply(int dst, uint64_t seq, P2PReply reply, int64_t timeout_ms) {
+  postReply(engine_, dst, seq, reply, timeout_ms);
+}
+
+void CudaGroup::p2pDrain() {
+  if (!p2p_stream_) return;
+  int prev = 0;
+  if (cudaGetDevice(&prev) != cudaSuccess) return;  // at process exit the runtime may be gone
+  cudaSetDevice(device_->index());
+  cudaStreamSynchronize(p2p_stream_->stream());
+  cudaSetDevice(prev);
+}
 
 at::Tensor copyToHost(CudaOp& op, const at::Tensor& t) {
   at::Tensor h = pinnedLike(t);

@@ -78,6 +78,30 @@
 // host work), which every rank must then be doing alike. A peer that stalls past the timeout
 // inside a registered kernel may still store into a rank's tensor after that rank's call failed;
 // the group fails every later call.
+//
+// Note [Direct point-to-point]: with TILECOMM_CUDA_P2P=direct (the default), in a group whose
+// ranks are on one host, with GPU peer memory possible (TILECOMM_CUDA_IPC_BYTES > 0), no
+// TILECOMM_TRANSPORT=host_mapped and no GPU pair of the host without peer access (p2pDirect: the
+// same answer on every rank), send and recv of CUDA tensors move the bytes GPU to GPU. Their GPU
+// work runs on a stream of its own (the group's p2p stream), never behind the group's collective
+// kernels, which may be waiting for a peer that is itself waiting for this message. The sender
+// waits (on its thread, as the staged send does) until its caller's stream has reached the send,
+// exports the allocation holding its tensor (cudaIpcGetMemHandle) and sends a P2PDesc through
+// the CPU engine's point-to-point lane, under a tag of the backend's own derived from the user's
+// (exec::kInternalTags: a CPU tensor's message never matches it, nor the reverse). The receiver
+// opens the allocation (the cache of registered tensors), copies the bytes into its tensor on the
+// p2p stream (after its caller's stream reached the recv), and a host function behind the copy
+// sends the sender a P2PReply; the sender's Work completes when that reply arrives, so the
+// sender's tensor is read only while its Work is pending (a send is done when its data has been
+// received). The receiver's Work completes once the copy is enqueued; its wait() makes the
+// caller's stream wait on it. Sizes that disagree raise ValueError on both sides. Where the
+// receiver cannot open the allocation, it replies so and the bytes follow through pinned host
+// memory; so they do, without a reply, where the sender's tensor cannot be exported (expandable
+// segments, pool memory; a size mismatch then raises on the receiver only, as staged). A direct
+// send that times out fails the group (its peer might still read the tensor later). At the
+// group's end the p2p stream is synchronized and the replies behind it are sent (for up to a
+// second) before the point-to-point thread stops. A mapping of a peer's allocation opened here
+// stays open until that address is reused by the collectives' registration, or the group ends.
 #pragma once
 
 #include <c10/cuda/CUDAStream.h>
@@ -122,6 +146,7 @@ struct CudaSettings {
   uint64_t allgather_ll_bytes = cuda::kLLMaxBytes;  // auto: LL all_gather up to this size (per rank)
   std::string transport = "auto";        // auto | host_mapped (TILECOMM_TRANSPORT)
   std::string fence = "auto";            // auto | system (TILECOMM_CUDA_FENCE; Note [Fence scope])
+  std::string p2p = "direct";            // direct | staged (TILECOMM_CUDA_P2P; Note [Direct point-to-point])
   // How GPUs of the host are joined, from NVML on rank 0: "<bus id> <bus id>" -> nvlink | pcie | none
   // (both orders; bus ids as canonicalBusId of common/pci.h writes them). Missing pairs are "unknown".
   std::map<std::string, std::string> gpu_links;
@@ -220,6 +245,31 @@ struct CudaOp : std::enable_shared_from_this<CudaOp> {
   void run(const std::vector<at::Tensor>& tensors, const std::function<void()>& fn);
 };
 
+/// Note [Direct point-to-point]: what a sender tells its receiver (through the CPU engine).
+struct P2PDesc {
+  static constexpr uint64_t kMagic = 0x7032706465736331ull;
+  uint64_t magic = kMagic;
+  uint64_t nbytes = 0;  // of the sender's tensor
+  uint64_t seq = 0;     // the sender's message number to this receiver: tags the reply and the bytes
+  cudaIpcMemHandle_t handle{};
+  uint64_t base = 0, id = 0, offset = 0;  // the allocation (its address and id in the sender) and the tensor in it
+  uint8_t exported = 0;  // else the bytes follow through host memory
+  uint8_t pad[7] = {};
+};
+
+/// The receiver's answer to an exported send, once its copy has ended (or it failed).
+struct P2PReply {
+  enum Code : int64_t { kCopied = 0, kSizeMismatch = 1, kCannotOpen = 2 };
+  int64_t code = kCopied;
+  int64_t posted = 0;  // kSizeMismatch: bytes of the receive
+};
+
+/// The tags of the backend's own point-to-point messages (exec::kInternalTags and above): a
+/// descriptor under the user's tag, and the reply and the host bytes under the message's number.
+int64_t p2pDescTag(int tag);
+int64_t p2pReplyTag(uint64_t seq);
+int64_t p2pDataTag(uint64_t seq);
+
 class CudaGroup {
  public:
   CudaGroup(int rank, int world, c10::intrusive_ptr<c10d::Store> store, std::string prefix, CudaSettings settings,
@@ -290,6 +340,24 @@ class CudaGroup {
   /// (cuda/alltoall.h). False (on every rank) where the peer transport is off or the FIFO kernel
   /// does not fit it: the call is staged. Under CUDA graph capture that throws Error(kInvalid).
   bool allToAll(CudaOp& op, const cuda::AllToAllCall& call, bool equal, DType dtype, int64_t timeout_ms);
+  /// Note [Direct point-to-point]: whether send and recv of CUDA tensors go GPU to GPU (decided
+  /// from the settings alone: the same on every rank).
+  bool p2pDirect() const;
+  /// At issue, on the caller's thread: a point-to-point operation on `device`, on the group's p2p
+  /// stream, its ready event recorded on the caller's current stream.
+  std::shared_ptr<CudaOp> beginP2P(const c10::Device& device);
+  /// At issue, on the caller's thread: the descriptor of a send of t to rank dst, once the caller's
+  /// stream has reached op (blocks until then); `exported` is 0 where t cannot be exported.
+  P2PDesc p2pExport(const CudaOp& op, const at::Tensor& t, int dst);
+  /// On the point-to-point thread, for a receive into t matched by rank src's exported descriptor d
+  /// (sizes equal): enqueues, inside op.run, the copy from src's tensor into t and behind it a host
+  /// function that sends src the reply (kCopied). False, with nothing enqueued, where src's
+  /// allocation cannot be opened here (the caller replies kCannotOpen).
+  bool p2pCopy(CudaOp& op, const at::Tensor& t, int src, const P2PDesc& d, int64_t timeout_ms);
+  /// Sends rank dst the reply to its message seq (on any thread).
+  void p2pReply(int dst, uint64_t seq, P2PReply reply, int64_t timeout_ms);
+  /// At the group's end: waits until the p2p stream is idle (its replies posted); errors ignored.
+  void p2pDrain();
   /// The group's engine, whose scheduled algorithms the schedule executor runs (set once, before
   /// the first call).
   void setEngine(std::shared_ptr<exec::Engine> engine) { engine_ = std::move(engine); }
@@ -320,8 +388,9 @@ class CudaGroup {
   /// any rank failed.
   bool setUpNvshmem();
   bool setUpNvshmemOnce();  // setUpNvshmem's steps (they may throw)
-  /// Binds the group to `device` (its internal stream) unless it is bound already.
+  /// Binds the group to `device` (its internal and p2p streams) unless it is bound already.
   void bind(const c10::Device& device);
+  std::shared_ptr<CudaOp> begin(const c10::Device& device, bool on_caller_stream, c10::cuda::CUDAStream internal);
   void startWatchdog();
   /// At destruction: waits for the internal stream and for the peers to stop reading our area.
   void releasePeers();
@@ -343,8 +412,12 @@ class CudaGroup {
   /// Throws Error(kDesync) on every rank where the ranks' extents differ (a collective mismatch).
   std::optional<std::vector<char*>> registerTensors(CudaOp& op, void* p, uint64_t extent, bool exportable,
                                                     int64_t timeout_ms);
-  /// Rank q's exported allocation, opened here (cached); throws Error(kSystem) where it cannot be.
-  char* peerAllocation(CudaOp& op, int q, const TensorExport& e);
+  /// Rank q's allocation (its address `base` and id in q, its handle), opened here (cached);
+  /// throws Error(kSystem) where it cannot be. A new id at a known address means the old
+  /// allocation was freed: `retire` keeps its mapping open until the group's end, else it is closed
+  /// once `stream`, the internal stream and the p2p stream are idle.
+  char* peerAllocation(cudaStream_t stream, int q, uint64_t base, uint64_t id, const cudaIpcMemHandle_t& handle,
+                       bool retire);
   /// Every rank's `each` bytes at all + rank * each to all of them (the CPU engine's all_gather).
   void exchange(void* all, uint64_t each, int64_t timeout_ms);
   /// After the peer transport is up: every rank's programs of the algorithms that every rank's
@@ -361,6 +434,7 @@ class CudaGroup {
   std::optional<c10::Device> device_;
   cudaStream_t raw_stream_ = nullptr;
   std::optional<c10::cuda::CUDAStream> stream_;
+  std::optional<c10::cuda::CUDAStream> p2p_stream_;  // Note [Direct point-to-point]
   std::shared_ptr<EventPool> events_;  // of the bound device
   StreamOrder order_;  // only touched inside tasks
 
@@ -376,11 +450,19 @@ class CudaGroup {
   bool nvs_direct_ = false;  // kernel stores (every rank has every peer address), else put-with-signal
   std::shared_ptr<cuda::PeerTransport> nvs_;  // assigned under watch_mu_ (the watchdog reads it)
   std::atomic<uint64_t> in_place_calls_{0};   // NVSHMEM calls whose input peers read, or whose output they write, in place
-  // Note [Registered tensors] (only touched inside tasks, and at teardown): the peers' allocations
-  // opened here, by (rank, base in its process) -> {the allocation's id there, address here};
-  // the ids of this rank's allocations that every peer has opened.
+  // Note [Registered tensors] (under mapped_mu_: tasks and the point-to-point thread use it): the
+  // peers' allocations opened here, by (rank, base in its process) -> {the allocation's id there,
+  // address here}, and the mappings of freed ones that point-to-point retired; (only touched
+  // inside tasks) the ids of this rank's allocations that every peer has opened.
+  std::mutex mapped_mu_;
   std::map<std::pair<int, uint64_t>, std::pair<uint64_t, char*>> mapped_;
+  std::vector<char*> retired_;
   std::set<uint64_t> known_;
+  std::mutex p2p_mu_;
+  std::vector<uint64_t> p2p_sent_;  // messages sent to each rank (Note [Direct point-to-point])
+  std::atomic<uint64_t> p2p_exported_{0};  // sends whose tensor was exported
+  std::atomic<uint64_t> p2p_copies_{0};    // receives copied from a peer's tensor
+  std::atomic<uint64_t> p2p_unopened_{0};  // receives whose sender's allocation could not be opened
   std::atomic<uint64_t> registered_calls_{0};
 
   std::shared_ptr<exec::Engine> engine_;

@@ -148,8 +148,9 @@ PYBIND11_MODULE(_C, m) {
          int64_t timeout_ms, const std::string& proto, std::array<uint64_t, cuda::kMemories> ll_bytes,
          uint64_t allgather_ll_bytes, const std::string& transport, const std::string& fence,
          const std::vector<std::tuple<std::string, std::string, std::string>>& gpu_links, const py::dict& nvshmem,
-         std::array<uint64_t, 3> register_bytes) {
+         std::array<uint64_t, 3> register_bytes, const std::string& p2p) {
         backend::CudaSettings s;
+        s.p2p = p2p;
         s.allreduce = allreduce;
         s.ipc_bytes = ipc_bytes;
         s.register_bytes = register_bytes[0];
@@ -187,7 +188,8 @@ PYBIND11_MODULE(_C, m) {
       py::arg("gpu_links") = std::vector<std::tuple<std::string, std::string, std::string>>{}, py::arg("nvshmem"),
       py::arg("register_bytes") = std::array<uint64_t, 3>{backend::CudaSettings{}.register_bytes,
                                                             backend::CudaSettings{}.allgather_register_bytes,
-                                                            backend::CudaSettings{}.alltoall_register_bytes});
+                                                            backend::CudaSettings{}.alltoall_register_bytes},
+      py::arg("p2p") = "direct");
   // NOTE: without the GIL: it waits for its turn behind the group's operations, whose Future
   // callbacks may need it.
   pg.def("symmetric_empty", &backend::ProcessGroupTilecomm::symmetricEmpty, py::arg("sizes"), py::arg("dtype"),

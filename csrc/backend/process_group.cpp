@@ -28,6 +28,12 @@ std::exception_ptr toException(const Error& e) {
   }
 }
 
+/// A point-to-point operation's failure from the engine: a size mismatch is the caller's error.
+std::exception_ptr p2pException(const std::string& err) {
+  bool bad_input = err.find(" but the receive posted ") != std::string::npos;
+  return toException(Error(bad_input ? ErrorKind::kInvalid : ErrorKind::kPeerFailed, err));
+}
+
 std::exception_ptr failedGroup(const std::string& why) {
   try {
     C10_THROW_ERROR(DistBackendError, "tilecomm: the process group has failed and cannot run more operations: " + why);
@@ -249,6 +255,17 @@ void TilecommWork::completeFuture(c10::ivalue::Future& future) {
 
 ProcessGroupTilecomm::ProcessGroupTilecomm(std::shared_ptr<exec::Engine> engine, int64_t timeout_ms)
     : c10d::Backend(engine->rank(), engine->world()), engine_(std::move(engine)), timeout_ms_(timeout_ms) {}
+
+ProcessGroupTilecomm::~ProcessGroupTilecomm() {
+#ifdef TILECOMM_WITH_CUDA
+  // Note [Direct point-to-point]: the replies behind the last copies go out before the thread stops.
+  if (cuda_) {
+    cuda_->p2pDrain();
+    engine_->p2p().flushInternalSends(std::chrono::seconds(1));
+  }
+#endif
+  engine_->p2p().stop();
+}
 
 void ProcessGroupTilecomm::setCuda(std::shared_ptr<CudaGroup> cuda) {
   cuda_ = std::move(cuda);
@@ -989,10 +1006,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::pointToPoint(c10d::OpType t
 #ifdef TILECOMM_WITH_CUDA
   if (t.is_cuda()) {  // staged through pinned memory (Note [CUDA streams])
     TORCH_CHECK_VALUE(cuda_, "tilecomm: this process group was created without CUDA support");
-    cop = cuda_->begin(t.device());
+    const bool direct = cuda_->p2pDirect();
+    cop = direct ? cuda_->beginP2P(t.device()) : cuda_->begin(t.device());
     TORCH_CHECK_VALUE(!cop->captured, "tilecomm: ", c10d::opTypeToString(type),
-                      " on CUDA tensors cannot be captured in a CUDA graph: point-to-point runs staged through "
-                      "host memory");
+                      " on CUDA tensors cannot be captured in a CUDA graph: point-to-point runs through the host");
+    if (direct) {
+      if (type == c10d::OpType::SEND) return sendDirect(t, peer, tag, std::move(cop));
+      return recvDirect(type, t, peer, tag, std::move(cop));
+    }
     host = type == c10d::OpType::SEND
                ? copyToHost(*cop, t)
                : at::empty(t.sizes(), at::TensorOptions().dtype(t.scalar_type()).pinned_memory(true));
@@ -1022,13 +1043,163 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::pointToPoint(c10d::OpType t
       }
     }
 #endif
-    if (err.empty()) return work->complete(nullptr, src);
-    bool bad_input = err.find(" but the receive posted ") != std::string::npos;
-    work->complete(toException(Error(bad_input ? ErrorKind::kInvalid : ErrorKind::kPeerFailed, err)), src);
+    work->complete(err.empty() ? nullptr : p2pException(err), src);
   };
   engine_->p2p().post(std::move(op));
   return work;
 }
+
+#ifdef TILECOMM_WITH_CUDA
+namespace {
+/// A point-to-point operation of the backend's own (Note [Direct point-to-point]).
+exec::P2POp p2pMessage(bool send, int peer, int64_t tag, void* ptr, size_t nbytes, int64_t timeout_ms,
+                       std::string label, std::function<void(int, const std::string&)> done) {
+  exec::P2POp op;
+  op.send = send;
+  op.peer = peer;
+  op.tag = tag;
+  op.ptr = static_cast<char*>(ptr);
+  op.nbytes = nbytes;
+  op.timeout_ms = timeout_ms;
+  op.label = std::move(label);
+  op.done = std::move(done);
+  return op;
+}
+
+bool timedOut(const std::string& err) { return err.rfind("timed out", 0) == 0; }
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::sendDirect(const at::Tensor& t, int dst, int tag,
+                                                              std::shared_ptr<CudaOp> cop) {
+  auto work = c10::make_intrusive<TilecommWork>(rank_, c10d::OpType::SEND, std::vector<at::Tensor>{t},
+                                                std::vector<at::Tensor>{t}, cop);
+  std::string failed = engine_->failure();
+  if (!failed.empty()) {
+    work->complete(failedGroup(failed));
+    return work;
+  }
+  auto desc = std::make_shared<P2PDesc>(cuda_->p2pExport(*cop, t, dst));  // waits until t is written
+  const uint64_t n = t.nbytes();
+  const int64_t timeout = timeout_ms_;
+  const std::string label = "CUDA send to rank " + std::to_string(dst) + " (tag " + std::to_string(tag) + ", " +
+                            std::to_string(n) + " bytes)";
+  // Callbacks run on the point-to-point thread, which stops before the group's members go
+  // (~ProcessGroupTilecomm): plain pointers to them hold there.
+  exec::Engine* engine = engine_.get();
+  // The Work completes once: on the reply, or once the bytes are sent through host memory, or with
+  // the first failure. A direct send that times out fails the group: the receiver could still copy
+  // the tensor after the caller got it back.
+  auto once = std::make_shared<std::atomic<bool>>(false);
+  auto finish = [work, once, dst, engine](std::exception_ptr e, const std::string& err = "") {
+    if (once->exchange(true)) return;
+    if (timedOut(err)) engine->fail(err, true);
+    work->complete(std::move(e), dst);
+  };
+  // Sends t's bytes through pinned host memory (not exportable, or not opened by the receiver).
+  auto send_bytes = [=]() {
+    at::Tensor host = copyToHost(*cop, t);
+    engine->p2p().post(p2pMessage(true, dst, p2pDataTag(desc->seq), host.data_ptr(), n, timeout, label,
+                                  [finish, host](int, const std::string& err) {
+                                    finish(err.empty() ? nullptr : p2pException(err), err);
+                                  }));
+  };
+  if (desc->exported) {
+    auto reply = std::make_shared<P2PReply>();
+    engine->p2p().post(p2pMessage(
+        false, dst, p2pReplyTag(desc->seq), reply.get(), sizeof(P2PReply), timeout, label,
+        [finish, send_bytes, reply, dst, n, rank = rank_](int, const std::string& err) {
+          if (!err.empty()) return finish(p2pException(err), err);
+          if (reply->code == P2PReply::kCopied) return finish(nullptr);
+          if (reply->code == P2PReply::kCannotOpen) {
+            try {
+              return send_bytes();
+            } catch (...) {
+              return finish(std::current_exception());
+            }
+          }
+          finish(toException(Error(ErrorKind::kInvalid, "rank " + std::to_string(rank) + " sent " + std::to_string(n) +
+                                                            " bytes to rank " + std::to_string(dst) +
+                                                            " but the receive posted " +
+                                                            std::to_string(reply->posted) + " bytes")));
+        }));
+  }
+  engine->p2p().post(p2pMessage(true, dst, p2pDescTag(tag), desc.get(), sizeof(P2PDesc), timeout, label,
+                                [desc, finish](int, const std::string& err) {
+                                  if (!err.empty()) finish(p2pException(err), err);
+                                }));
+  if (!desc->exported) send_bytes();
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::recvDirect(c10d::OpType type, const at::Tensor& t, int src,
+                                                              int tag, std::shared_ptr<CudaOp> cop) {
+  auto work = c10::make_intrusive<TilecommWork>(rank_, type, std::vector<at::Tensor>{t}, std::vector<at::Tensor>{t},
+                                                cop);
+  std::string failed = engine_->failure();
+  if (!failed.empty()) {
+    work->complete(failedGroup(failed));
+    return work;
+  }
+  auto desc = std::make_shared<P2PDesc>();
+  const int64_t timeout = timeout_ms_;
+  const std::string label = "CUDA recv from " + (src >= 0 ? "rank " + std::to_string(src) : std::string("any rank")) +
+                            " (tag " + std::to_string(tag) + ", " + std::to_string(t.nbytes()) + " bytes)";
+  // Plain pointers: see sendDirect.
+  exec::Engine* engine = engine_.get();
+  CudaGroup* cuda = cuda_.get();
+  // The bytes of rank `from`'s message `seq` through pinned host memory, then to t on the p2p stream.
+  auto take_bytes = [=](int from, uint64_t seq) {
+    at::Tensor host = at::empty(t.sizes(), at::TensorOptions().dtype(t.scalar_type()).pinned_memory(true));
+    engine->p2p().post(p2pMessage(false, from, p2pDataTag(seq), host.data_ptr(), t.nbytes(), timeout, label,
+                                  [work, cop, t, host](int from, const std::string& err) {
+                                    if (!err.empty()) return work->complete(p2pException(err), from);
+                                    try {
+                                      copyFromHost(*cop, t, host);
+                                    } catch (...) {
+                                      return work->complete(std::current_exception(), from);
+                                    }
+                                    work->complete(nullptr, from);
+                                  }));
+  };
+  auto on_desc = [=](int from, const std::string& err) {
+    if (!err.empty()) return work->complete(p2pException(err), from);
+    const uint64_t n = t.nbytes();
+    if (desc->magic != P2PDesc::kMagic) {  // the channel is out of step: nothing more can be trusted
+      const std::string why = "malformed CUDA point-to-point message from rank " + std::to_string(from);
+      engine->fail(why, true);
+      return work->complete(toException(Error(ErrorKind::kDesync, why)), from);
+    }
+    if (desc->nbytes != n) {
+      if (desc->exported) {
+        cuda->p2pReply(from, desc->seq, P2PReply{P2PReply::kSizeMismatch, static_cast<int64_t>(n)}, timeout);
+      } else {  // take the bytes that follow, so that they are not kept aside
+        auto sink = std::make_shared<std::vector<char>>(desc->nbytes);
+        engine->p2p().post(p2pMessage(false, from, p2pDataTag(desc->seq), sink->data(), sink->size(), timeout, label,
+                                      [sink](int, const std::string&) {}));
+      }
+      return work->complete(toException(Error(ErrorKind::kInvalid, "rank " + std::to_string(from) + " sent " +
+                                                                       std::to_string(desc->nbytes) + " bytes with tag " +
+                                                                       std::to_string(tag) + " but the receive posted " +
+                                                                       std::to_string(n) + " bytes")),
+                            from);
+    }
+    if (desc->exported && cuda->p2pCopy(*cop, t, from, *desc, timeout)) return work->complete(nullptr, from);
+    if (desc->exported) cuda->p2pReply(from, desc->seq, P2PReply{P2PReply::kCannotOpen, 0}, timeout);
+    take_bytes(from, desc->seq);
+  };
+  engine_->p2p().post(p2pMessage(false, src, p2pDescTag(tag), desc.get(), sizeof(P2PDesc), timeout, label,
+                                 [work, desc, on_desc](int from, const std::string& err) {
+                                   try {
+                                     on_desc(from, err);
+                                   } catch (const Error& e) {
+                                     work->complete(toException(e), from);
+                                   } catch (...) {
+                                     work->complete(std::current_exception(), from);
+                                   }
+                                 }));
+  return work;
+}
+#endif
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
   at::Tensor t = single(tensors, "send");

@@ -88,6 +88,8 @@ class TilecommWork : public c10d::Work {
 class ProcessGroupTilecomm : public c10d::Backend {
  public:
   ProcessGroupTilecomm(std::shared_ptr<exec::Engine> engine, int64_t timeout_ms);
+  /// Stops the point-to-point thread first: its callbacks use the group's CUDA side, which goes next.
+  ~ProcessGroupTilecomm() override;
 
   const std::string getBackendName() const override { return "tilecomm"; }
 
@@ -180,6 +182,10 @@ class ProcessGroupTilecomm : public c10d::Backend {
                         std::vector<at::Tensor> outs, std::vector<size_t> out_off, std::vector<size_t> out_len,
                         bool equal, DType dtype, int64_t timeout_ms);
   c10::intrusive_ptr<c10d::Work> pointToPoint(c10d::OpType type, at::Tensor& t, int peer, int tag);
+  /// Send and recv of CUDA tensors GPU to GPU (Note [Direct point-to-point] in cuda_glue.hpp).
+  c10::intrusive_ptr<c10d::Work> sendDirect(const at::Tensor& t, int dst, int tag, std::shared_ptr<CudaOp> cop);
+  c10::intrusive_ptr<c10d::Work> recvDirect(c10d::OpType type, const at::Tensor& t, int src, int tag,
+                                            std::shared_ptr<CudaOp> cop);
   /// Runs an in-place reducing schedule over t (all_reduce, reduce, reduce_scatter): on the CPU
   /// engine, or, for a CUDA tensor (h.cudaOp() set), on the GPU's schedule executor.
   void reduceOver(const Host& h, Coll coll, at::Tensor& t, const c10d::ReduceOp& op, int root, uint64_t desc_count,

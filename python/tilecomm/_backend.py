@@ -208,6 +208,7 @@ def create(opts, pg_options=None):
             gpu_links=[tuple(x) for x in agreed["gpu_links"]],
             nvshmem=agreed["cuda"]["nvshmem_algorithms"],
             register_bytes=agreed["cuda"]["register_bytes"],
+            p2p=cfg["TILECOMM_CUDA_P2P"],
         )
     return pg
 

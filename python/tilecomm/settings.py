@@ -131,8 +131,22 @@ SETTINGS = [
         "reduce_scatter where no LL, registered or NVSHMEM kernel runs them, run their scheduled algorithm (the "
         "decision table's, or `TILECOMM_ALGO`'s) on the GPU's schedule executor; all_to_all runs as one kernel "
         "(`TILECOMM_CUDA_ALLTOALL`; the FIFO kernel where its 2 x world - 1 lanes fit the block budget); "
-        "point-to-point is staged.",
+        "point-to-point follows `TILECOMM_CUDA_P2P`.",
         ("auto", "one_shot", "two_shot", "registered", "scheduled", "staged", "nvshmem_two_shot"),
+    ),
+    Setting(
+        "TILECOMM_CUDA_P2P",
+        str,
+        "direct",
+        "How send and recv move CUDA tensors (CUDA builds). `direct`: in a group on one host whose GPUs all "
+        "reach each other's memory (and no `TILECOMM_TRANSPORT=host_mapped`), the sender exports its tensor "
+        "(cudaIpcGetMemHandle) and the receiver copies it from there on the GPU; the send completes once "
+        "that copy has ended, and one that times out fails the group. A sender's tensor that cannot be "
+        "exported (expandable segments, memory not from cudaMalloc), or that the receiver cannot open, "
+        "is sent through pinned host memory instead. A CUDA tensor's send must then be received into a "
+        "CUDA tensor (else both sides end at the group timeout). `staged`: every message goes through "
+        "pinned host memory and the CPU engine.",
+        ("direct", "staged"),
     ),
     Setting(
         "TILECOMM_CUDA_IPC_BYTES",

@@ -508,6 +508,106 @@ def every_op(rank, world, gloo, dtype, n):
     finish()
 
 
+def _p2p_counts():
+    st = backend().cuda_status()
+    return [int(st.split(k + "=")[1].split()[0]) for k in ("p2p_exported", "p2p_copies")]
+
+
+def p2p_cases(rank, world, gloo, expect):
+    """send and recv of CUDA tensors (Note [Direct point-to-point]; `expect`: direct or staged): every
+    dtype at sizes 0, 1, odd and 64 KiB + 7 around a ring (batched), 64 MiB blocking, tags received
+    out of order, any source, a sender's tensor that cannot be exported, and sizes that disagree
+    (both sides raise, and the group goes on). Returns cuda_status()."""
+    d = dev()
+    right, left = (rank + 1) % world, (rank - 1) % world
+    before = _p2p_counts()
+    check(backend().cuda_status().split("p2p=")[1].split()[0] == expect, "p2p mode")
+    dtypes = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8, torch.int64,
+              torch.bool, torch.complex64]
+    for dt in dtypes:
+        for n in [0, 1, 7, 1031, 65543]:
+            got = torch.zeros(n, dtype=dt, device=d)
+            ops = [dist.P2POp(dist.isend, data(rank, n, dt, salt=n).to(d), right, tag=n),
+                   dist.P2POp(dist.irecv, got, left, tag=n)]
+            for w in dist.batch_isend_irecv(ops):
+                w.wait()
+            check_equal(got, data(left, n, dt, salt=n), f"p2p ring {dt} n={n}")
+    n = 16 << 20  # 64 MiB of float32, blocking: even ranks send first
+    x, got = data(rank, n, torch.float32, salt=3).to(d), torch.empty(n, device=d)
+    if rank % 2 == 0:
+        dist.send(x, right)
+        dist.recv(got, left)
+    else:
+        dist.recv(got, left)
+        dist.send(x, right)
+    check_equal(got, data(left, n, torch.float32, salt=3), "p2p 64 MiB")
+    del x, got
+    if rank == 0:  # tags out of order: rank 1 takes tag 2 first
+        a, b = torch.full((1000,), 1.0, device=d), torch.full((2000,), 2.0, device=d)
+        works = [dist.isend(a, 1, tag=1), dist.isend(b, 1, tag=2)]
+        for w in works:
+            w.wait()
+    elif rank == 1:
+        a, b = torch.zeros(1000, device=d), torch.zeros(2000, device=d)
+        dist.recv(b, 0, tag=2)
+        dist.recv(a, 0, tag=1)
+        check_equal(a, torch.full((1000,), 1.0), "p2p tag 1 after tag 2")
+        check_equal(b, torch.full((2000,), 2.0), "p2p tag 2 before tag 1")
+    if rank == 0:  # any source: each sender's tensor names it
+        for _ in range(world - 1):
+            t = torch.zeros(513, device=d)
+            src = dist.recv(t, tag=3)
+            check_equal(t, torch.full((513,), float(src)), f"p2p any source (from {src})")
+    else:
+        dist.send(torch.full((513,), float(rank), device=d), 0, tag=3)
+    try:
+        import cupy  # noqa: PLC0415
+    except ImportError:
+        cupy = None
+    if cupy is not None:  # stream-ordered pool memory: cudaIpcGetMemHandle refuses it
+        n = 70001
+        if rank == 0:
+            with cupy.cuda.Device(d.index):
+                arr = cupy.ndarray((n,), dtype=cupy.float32, memptr=cupy.cuda.MemoryAsyncPool().malloc(4 * n))
+                cupy.cuda.runtime.deviceSynchronize()
+            t = torch.from_dlpack(arr)
+            t.copy_(data(0, n, torch.float32, salt=5))
+            dist.send(t, 1)
+            torch.cuda.synchronize()
+            del t, arr
+        elif rank == 1:
+            t = torch.zeros(n, device=d)
+            dist.recv(t, 0)
+            check_equal(t, data(0, n, torch.float32, salt=5), "p2p from a tensor that cannot be exported")
+    error = ""  # 100 floats sent, 99 expected
+    try:
+        if rank == 0:
+            dist.send(torch.ones(100, device=d), 1, tag=7)
+        elif rank == 1:
+            dist.recv(torch.zeros(99, device=d), 0, tag=7)
+    except ValueError as e:
+        error = str(e)
+    # Both sides raise where the sender waits for the receiver's copy; a staged send is done once sent.
+    if rank == 1 or (rank == 0 and expect == "direct"):
+        check("400 bytes" in error and "receive posted 396 bytes" in error, f"p2p size mismatch: {error!r}")
+    got = torch.zeros(5, device=d)  # the group goes on
+    ops = [dist.P2POp(dist.isend, torch.full((5,), float(rank), device=d), right, tag=9),
+           dist.P2POp(dist.irecv, got, left, tag=9)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    check_equal(got, torch.full((5,), float(left)), "p2p after a size mismatch")
+    torch.cuda.synchronize()
+    after = _p2p_counts()
+    moved = [a - b for a, b in zip(after, before)]
+    if expect == "direct":
+        check(moved[0] > 0 and moved[1] > 0, f"p2p: nothing went GPU to GPU ({moved})")
+    else:
+        check(moved == [0, 0], f"p2p: staged mode copied GPU to GPU ({moved})")
+    dist.barrier()
+    finish()
+    return backend().cuda_status()
+
+
 def gather_and_scatter(rank, world, x, what, after=lambda coll: None):
     """gather of x[rank] to the last rank and scatter of x from rank 0, against x; after(collective)
     runs after each call."""
@@ -923,6 +1023,33 @@ def spawn_free_after_destroy(rank, world, port):
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     return ok
+
+
+def spawn_p2p_then_destroy(rank, world, port, timeout_s=60.0):
+    """Rank 1 receives a CUDA tensor and destroys its group at once, while the copy behind its
+    receive may still be on the GPU: rank 0's blocking send must still get its reply (Note [Direct
+    point-to-point]). Returns (seconds rank 0's send took, whether rank 1 got the bytes)."""
+    from datetime import timedelta
+
+    import tilecomm  # noqa: F401
+
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group("tilecomm", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}",
+                            timeout=timedelta(seconds=timeout_s))
+    n = 1 << 24  # 64 MiB: the copy takes a while
+    t0 = time.monotonic()
+    if rank == 0:
+        dist.send(torch.full((n,), 3.0, device=dev()), 1)
+        ok = True
+    else:
+        got = torch.zeros(n, device=dev())
+        dist.recv(got, 0)
+        dist.destroy_process_group()
+        ok = bool((got == 3.0).all())
+        return time.monotonic() - t0, ok
+    took = time.monotonic() - t0
+    dist.destroy_process_group()
+    return took, ok
 
 
 def spawn_killed_mid_kernel(rank, world, port, port2, n=4096, timeout_s=60.0):

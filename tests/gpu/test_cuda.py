@@ -96,6 +96,14 @@ def test_all_to_all_on_the_gpu(pools, world, config):
     pools.run(world, env, "alltoall_cases", register_from=(8 << 20) if config == "alltoall_registered" else 0)
 
 
+@pytest.mark.parametrize("config", ["auto", "p2p_staged", "host_mapped"])
+@pytest.mark.parametrize("world", WORLDS + [3])
+def test_point_to_point(pools, world, config):
+    # Note [Direct point-to-point]: GPU to GPU by default; staged when forced or over host_mapped.
+    env = {"p2p_staged": {"TILECOMM_CUDA_P2P": "staged"}}.get(config, CONFIGS.get(config, {}))
+    pools.run(world, env, "p2p_cases", expect="direct" if config == "auto" else "staged")
+
+
 @pytest.mark.parametrize("mode", ["sizes", "empty", "registered"])
 def test_all_to_all_mismatched_splits_fail_fast(mode):
     out = gpu_harness.spawn_ranks(2, "spawn_alltoall_mismatch", A2A_REGISTERED if mode == "registered" else {},
@@ -211,6 +219,12 @@ def test_ddp_matches_gloo(pools, world):
 def test_tensors_freed_after_destroy():
     out = gpu_harness.spawn_ranks(2, "spawn_free_after_destroy", {}, timeout=90.0)
     assert out == [("ok", True), ("ok", True)], out
+
+
+def test_point_to_point_then_destroy():
+    out = gpu_harness.spawn_ranks(2, "spawn_p2p_then_destroy", {}, timeout=120.0)
+    assert [o[0] for o in out] == ["ok", "ok"], out
+    assert out[0][1][0] < 20.0 and out[0][1][1] and out[1][1][1], out
 
 
 @pytest.mark.parametrize("config", ["one_shot", "ll", "allgather_ll"])
