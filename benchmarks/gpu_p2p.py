@@ -24,28 +24,20 @@ import torch.distributed as dist
 
 from tilecomm import launch
 from tilecomm.bench import parse_size, sizes
+from tilecomm.tune import bounce
 
 ENTRIES = {"direct": {"TILECOMM_CUDA_P2P": "direct"}, "staged": {"TILECOMM_CUDA_P2P": "staged"}}
-
-
-def _bounce(rank, buf, group):
-    if rank == 0:
-        dist.send(buf, 1, group=group)
-        dist.recv(buf, 1, group=group)
-    else:
-        dist.recv(buf, 0, group=group)
-        dist.send(buf, 0, group=group)
 
 
 def _one_way(rank, buf, group, iters, gloo):
     """Seconds per message (half a round trip), the slower rank's."""
     for _ in range(3):
-        _bounce(rank, buf, group)
+        bounce(rank, buf, group)
     torch.cuda.synchronize()
     dist.barrier(group=gloo)
     t0 = time.perf_counter()
     for _ in range(iters):
-        _bounce(rank, buf, group)
+        bounce(rank, buf, group)
     torch.cuda.synchronize()
     t = torch.tensor([(time.perf_counter() - t0) / iters / 2], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=gloo)

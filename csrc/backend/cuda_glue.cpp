@@ -903,8 +903,7 @@ std::string CudaGroup::status() const {
          " in_place_calls=" + std::to_string(in_place_calls_.load()) +
          " registered_calls=" + std::to_string(registered_calls_.load()) +
          " programs=" + std::to_string(programs_.size()) + " p2p=" + (p2pDirect() ? "direct" : "staged") +
-         " p2p_exported=" + std::to_string(p2p_exported_.load()) + " p2p_copies=" + std::to_string(p2p_copies_.load()) +
-         " p2p_unopened=" + std::to_string(p2p_unopened_.load());
+         " p2p_exported=" + std::to_string(p2p_exported_.load()) + " p2p_copies=" + std::to_string(p2p_copies_.load());
 }
 
 GpuTopology CudaGroup::topology() const {
@@ -986,15 +985,9 @@ void replyAfterCopy(void* arg) {
 }
 }  // namespace
 
-bool CudaGroup::p2pCopy(CudaOp& op, const at::Tensor& t, int src, const P2PDesc& d, int64_t timeout_ms) {
+void CudaGroup::p2pCopy(CudaOp& op, const at::Tensor& t, int src, const P2PDesc& d, int64_t timeout_ms) {
   c10::cuda::CUDAGuard guard(op.device);  // this thread's device, for opening
-  char* peer = nullptr;
-  try {
-    peer = peerAllocation(op.stream.stream(), src, d.base, d.id, d.handle, true) + d.offset;
-  } catch (const Error&) {  // no peer access between the GPUs, or no shared IPC namespace
-    ++p2p_unopened_;
-    return false;
-  }
+  char* peer = peerAllocation(op.stream.stream(), src, d.base, d.id, d.handle, true) + d.offset;
   op.run({t}, [&] {
     C10_CUDA_CHECK(cudaMemcpyAsync(t.data_ptr(), peer, d.nbytes, cudaMemcpyDeviceToDevice, op.stream.stream()));
     auto r = std::make_unique<PendingReply>(PendingReply{engine_, src, d.seq, P2PReply{}, timeout_ms});
@@ -1002,7 +995,11 @@ bool CudaGroup::p2pCopy(CudaOp& op, const at::Tensor& t, int src, const P2PDesc&
     r.release();  // replyAfterCopy owns it
   });
   ++p2p_copies_;
-  return true;
+}
+
+void CudaGroup::p2pKeep(const at::Tensor& t) {
+  std::lock_guard<std::mutex> lk(p2p_mu_);
+  p2p_kept_.push_back(t);
 }
 
 void CudaGroup::p2pReply(int dst, uint64_t seq, P2PReply reply, int64_t timeout_ms) {

@@ -95,12 +95,15 @@
 // sender's tensor is read only while its Work is pending (a send is done when its data has been
 // received). The receiver's Work completes once the copy is enqueued; its wait() makes the
 // caller's stream wait on it. Sizes that disagree raise ValueError on both sides. Where the
-// receiver cannot open the allocation, it replies so and the bytes follow through pinned host
-// memory; so they do, without a reply, where the sender's tensor cannot be exported (expandable
-// segments, pool memory; a size mismatch then raises on the receiver only, as staged). A direct
-// send that times out fails the group (its peer might still read the tensor later). At the
-// group's end the p2p stream is synchronized and the replies behind it are sent (for up to a
-// second) before the point-to-point thread stops. A mapping of a peer's allocation opened here
+// receiver cannot open the allocation (no peer access, no shared IPC namespace) or its copy
+// fails, it replies so and both sides raise (naming TILECOMM_CUDA_P2P=staged). Where the sender's
+// tensor cannot be exported (expandable segments, pool memory) the bytes follow through pinned
+// host memory under a tag of their own, without a reply (a size mismatch then raises on the
+// receiver only, as staged). An exported send that times out fails the group and keeps its tensor
+// until the group's end (its receiver might still copy it); a receiver that learnt of a peer's
+// failure copies nothing. At the group's end the p2p stream is synchronized and the backend's own
+// messages still queued (the replies behind the last copies among them) are sent, for up to a
+// second, before the point-to-point thread stops. A mapping of a peer's allocation opened here
 // stays open until that address is reused by the collectives' registration, or the group ends.
 #pragma once
 
@@ -259,7 +262,7 @@ struct P2PDesc {
 
 /// The receiver's answer to an exported send, once its copy has ended (or it failed).
 struct P2PReply {
-  enum Code : int64_t { kCopied = 0, kSizeMismatch = 1, kCannotOpen = 2 };
+  enum Code : int64_t { kCopied = 0, kSizeMismatch = 1, kFailed = 2 };  // kFailed: could not open or copy
   int64_t code = kCopied;
   int64_t posted = 0;  // kSizeMismatch: bytes of the receive
 };
@@ -351,9 +354,11 @@ class CudaGroup {
   P2PDesc p2pExport(const CudaOp& op, const at::Tensor& t, int dst);
   /// On the point-to-point thread, for a receive into t matched by rank src's exported descriptor d
   /// (sizes equal): enqueues, inside op.run, the copy from src's tensor into t and behind it a host
-  /// function that sends src the reply (kCopied). False, with nothing enqueued, where src's
-  /// allocation cannot be opened here (the caller replies kCannotOpen).
-  bool p2pCopy(CudaOp& op, const at::Tensor& t, int src, const P2PDesc& d, int64_t timeout_ms);
+  /// function that sends src the reply (kCopied). Throws Error(kSystem) where src's allocation
+  /// cannot be opened here (the caller replies kFailed).
+  void p2pCopy(CudaOp& op, const at::Tensor& t, int src, const P2PDesc& d, int64_t timeout_ms);
+  /// Keeps t until the group's end (a timed-out send's tensor, which its receiver may still read).
+  void p2pKeep(const at::Tensor& t);
   /// Sends rank dst the reply to its message seq (on any thread).
   void p2pReply(int dst, uint64_t seq, P2PReply reply, int64_t timeout_ms);
   /// At the group's end: waits until the p2p stream is idle (its replies posted); errors ignored.
@@ -462,7 +467,7 @@ class CudaGroup {
   std::vector<uint64_t> p2p_sent_;  // messages sent to each rank (Note [Direct point-to-point])
   std::atomic<uint64_t> p2p_exported_{0};  // sends whose tensor was exported
   std::atomic<uint64_t> p2p_copies_{0};    // receives copied from a peer's tensor
-  std::atomic<uint64_t> p2p_unopened_{0};  // receives whose sender's allocation could not be opened
+  std::vector<at::Tensor> p2p_kept_;  // under p2p_mu_ (p2pKeep)
   std::atomic<uint64_t> registered_calls_{0};
 
   std::shared_ptr<exec::Engine> engine_;

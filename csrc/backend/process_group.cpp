@@ -1066,7 +1066,6 @@ exec::P2POp p2pMessage(bool send, int peer, int64_t tag, void* ptr, size_t nbyte
   return op;
 }
 
-bool timedOut(const std::string& err) { return err.rfind("timed out", 0) == 0; }
 }  // namespace
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::sendDirect(const at::Tensor& t, int dst, int tag,
@@ -1086,48 +1085,50 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::sendDirect(const at::Tensor
   // Callbacks run on the point-to-point thread, which stops before the group's members go
   // (~ProcessGroupTilecomm): plain pointers to them hold there.
   exec::Engine* engine = engine_.get();
-  // The Work completes once: on the reply, or once the bytes are sent through host memory, or with
-  // the first failure. A direct send that times out fails the group: the receiver could still copy
-  // the tensor after the caller got it back.
+  CudaGroup* cuda = cuda_.get();
+  // The Work completes once: on the reply (exported), or once the bytes are sent through host
+  // memory, or with the first failure. An exported send that times out fails the group and keeps
+  // t until the group's end: its receiver could still copy it.
   auto once = std::make_shared<std::atomic<bool>>(false);
-  auto finish = [work, once, dst, engine](std::exception_ptr e, const std::string& err = "") {
+  const bool exported = desc->exported != 0;
+  const at::Tensor host = exported ? at::Tensor() : copyToHost(*cop, t);  // before any message goes
+  auto finish = [work, once, dst, engine, cuda, t, exported](std::exception_ptr e, const std::string& err = "") {
     if (once->exchange(true)) return;
-    if (timedOut(err)) engine->fail(err, true);
+    if (exported && err.rfind("timed out", 0) == 0) {
+      cuda->p2pKeep(t);
+      engine->fail(err, true);
+    }
     work->complete(std::move(e), dst);
   };
-  // Sends t's bytes through pinned host memory (not exportable, or not opened by the receiver).
-  auto send_bytes = [=]() {
-    at::Tensor host = copyToHost(*cop, t);
-    engine->p2p().post(p2pMessage(true, dst, p2pDataTag(desc->seq), host.data_ptr(), n, timeout, label,
-                                  [finish, host](int, const std::string& err) {
-                                    finish(err.empty() ? nullptr : p2pException(err), err);
-                                  }));
-  };
-  if (desc->exported) {
+  if (exported) {
     auto reply = std::make_shared<P2PReply>();
     engine->p2p().post(p2pMessage(
         false, dst, p2pReplyTag(desc->seq), reply.get(), sizeof(P2PReply), timeout, label,
-        [finish, send_bytes, reply, dst, n, rank = rank_](int, const std::string& err) {
+        [finish, reply, dst, n, rank = rank_](int, const std::string& err) {
           if (!err.empty()) return finish(p2pException(err), err);
           if (reply->code == P2PReply::kCopied) return finish(nullptr);
-          if (reply->code == P2PReply::kCannotOpen) {
-            try {
-              return send_bytes();
-            } catch (...) {
-              return finish(std::current_exception());
-            }
-          }
-          finish(toException(Error(ErrorKind::kInvalid, "rank " + std::to_string(rank) + " sent " + std::to_string(n) +
-                                                            " bytes to rank " + std::to_string(dst) +
-                                                            " but the receive posted " +
-                                                            std::to_string(reply->posted) + " bytes")));
+          if (reply->code == P2PReply::kSizeMismatch)
+            return finish(toException(Error(ErrorKind::kInvalid, "rank " + std::to_string(rank) + " sent " +
+                                                                     std::to_string(n) + " bytes to rank " +
+                                                                     std::to_string(dst) + " but the receive posted " +
+                                                                     std::to_string(reply->posted) + " bytes")));
+          finish(toException(Error(ErrorKind::kPeerFailed, "rank " + std::to_string(dst) +
+                                                               " could not copy this CUDA send from rank " +
+                                                               std::to_string(rank) + "'s memory (its error says "
+                                                               "why; TILECOMM_CUDA_P2P=staged sends through host "
+                                                               "memory)")));
         }));
   }
   engine->p2p().post(p2pMessage(true, dst, p2pDescTag(tag), desc.get(), sizeof(P2PDesc), timeout, label,
                                 [desc, finish](int, const std::string& err) {
                                   if (!err.empty()) finish(p2pException(err), err);
                                 }));
-  if (!desc->exported) send_bytes();
+  if (!exported) {  // the bytes follow through pinned host memory, as when staged
+    engine->p2p().post(p2pMessage(true, dst, p2pDataTag(desc->seq), host.data_ptr(), n, timeout, label,
+                                  [finish, host](int, const std::string& err) {
+                                    finish(err.empty() ? nullptr : p2pException(err), err);
+                                  }));
+  }
   return work;
 }
 
@@ -1147,20 +1148,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::recvDirect(c10d::OpType typ
   // Plain pointers: see sendDirect.
   exec::Engine* engine = engine_.get();
   CudaGroup* cuda = cuda_.get();
-  // The bytes of rank `from`'s message `seq` through pinned host memory, then to t on the p2p stream.
-  auto take_bytes = [=](int from, uint64_t seq) {
-    at::Tensor host = at::empty(t.sizes(), at::TensorOptions().dtype(t.scalar_type()).pinned_memory(true));
-    engine->p2p().post(p2pMessage(false, from, p2pDataTag(seq), host.data_ptr(), t.nbytes(), timeout, label,
-                                  [work, cop, t, host](int from, const std::string& err) {
-                                    if (!err.empty()) return work->complete(p2pException(err), from);
-                                    try {
-                                      copyFromHost(*cop, t, host);
-                                    } catch (...) {
-                                      return work->complete(std::current_exception(), from);
-                                    }
-                                    work->complete(nullptr, from);
-                                  }));
-  };
   auto on_desc = [=](int from, const std::string& err) {
     if (!err.empty()) return work->complete(p2pException(err), from);
     const uint64_t n = t.nbytes();
@@ -1183,9 +1170,35 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::recvDirect(c10d::OpType typ
                                                                        std::to_string(n) + " bytes")),
                             from);
     }
-    if (desc->exported && cuda->p2pCopy(*cop, t, from, *desc, timeout)) return work->complete(nullptr, from);
-    if (desc->exported) cuda->p2pReply(from, desc->seq, P2PReply{P2PReply::kCannotOpen, 0}, timeout);
-    take_bytes(from, desc->seq);
+    if (!desc->exported) {  // the bytes follow through pinned host memory, then to t on the p2p stream
+      at::Tensor host = at::empty(t.sizes(), at::TensorOptions().dtype(t.scalar_type()).pinned_memory(true));
+      engine->p2p().post(p2pMessage(false, from, p2pDataTag(desc->seq), host.data_ptr(), n, timeout, label,
+                                    [work, cop, t, host](int from, const std::string& e) {
+                                      if (!e.empty()) return work->complete(p2pException(e), from);
+                                      try {
+                                        copyFromHost(*cop, t, host);
+                                      } catch (...) {
+                                        return work->complete(std::current_exception(), from);
+                                      }
+                                      work->complete(nullptr, from);
+                                    }));
+      return;
+    }
+    // A sender that failed the group (its send timed out) may have its tensor back by now.
+    std::string gone = engine->failure();
+    if (gone.empty()) gone = engine->peerFailure();
+    if (!gone.empty()) return work->complete(failedGroup(gone), from);
+    try {
+      cuda->p2pCopy(*cop, t, from, *desc, timeout);
+    } catch (const Error& e) {  // nothing else replies: the sender would wait until its timeout
+      cuda->p2pReply(from, desc->seq, P2PReply{P2PReply::kFailed, 0}, timeout);
+      throw Error(e.kind(), std::string(e.what()) + " (GPU-to-GPU send and recv need peer access between the "
+                                                    "GPUs; TILECOMM_CUDA_P2P=staged sends through host memory)");
+    } catch (...) {
+      cuda->p2pReply(from, desc->seq, P2PReply{P2PReply::kFailed, 0}, timeout);
+      throw;
+    }
+    work->complete(nullptr, from);
   };
   engine_->p2p().post(p2pMessage(false, src, p2pDescTag(tag), desc.get(), sizeof(P2PDesc), timeout, label,
                                  [work, desc, on_desc](int from, const std::string& err) {

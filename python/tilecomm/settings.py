@@ -142,10 +142,11 @@ SETTINGS = [
         "reach each other's memory (and no `TILECOMM_TRANSPORT=host_mapped`), the sender exports its tensor "
         "(cudaIpcGetMemHandle) and the receiver copies it from there on the GPU; the send completes once "
         "that copy has ended, and one that times out fails the group. A sender's tensor that cannot be "
-        "exported (expandable segments, memory not from cudaMalloc), or that the receiver cannot open, "
-        "is sent through pinned host memory instead. A CUDA tensor's send must then be received into a "
-        "CUDA tensor (else both sides end at the group timeout). `staged`: every message goes through "
-        "pinned host memory and the CPU engine.",
+        "exported (expandable segments, memory not from cudaMalloc) is sent through pinned host memory "
+        "instead; where the receiver cannot open the sender's memory (no peer access, no shared IPC "
+        "namespace) both sides raise. A CUDA tensor's send must then be received into a CUDA tensor "
+        "(else both sides end at the group timeout). `staged`: every message goes through pinned host "
+        "memory and the CPU engine.",
         ("direct", "staged"),
     ),
     Setting(

@@ -74,8 +74,8 @@ def _timed(iters, warmup, fn, *args):
     return statistics.median(times)
 
 
-def _bounce(rank, buf, group):
-    """One round trip of buf between ranks 0 and 1."""
+def bounce(rank, buf, group):
+    """One round trip of buf between ranks 0 and 1 (rank 0 sends first)."""
     if rank == 0:
         dist.send(buf, 1, group=group)
         dist.recv(buf, 1, group=group)
@@ -91,7 +91,7 @@ def _ping_pong(rank, args, timing, group=None):
         buf = torch.zeros(n, dtype=torch.uint8)
         dist.barrier(group=timing)
         if rank <= 1:
-            points.append([n, _timed(args.iters, args.warmup, _bounce, rank, buf, group) / 2])
+            points.append([n, _timed(args.iters, args.warmup, bounce, rank, buf, group) / 2])
     dist.barrier(group=timing)
     return points
 
