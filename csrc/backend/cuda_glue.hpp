@@ -81,8 +81,9 @@
 //
 // Note [Direct point-to-point]: with TILECOMM_CUDA_P2P=direct (the default), in a group whose
 // ranks are on one host, with GPU peer memory possible (TILECOMM_CUDA_IPC_BYTES > 0), no
-// TILECOMM_TRANSPORT=host_mapped and no GPU pair of the host without peer access (p2pDirect: the
-// same answer on every rank), send and recv of CUDA tensors move the bytes GPU to GPU. Their GPU
+// TILECOMM_TRANSPORT=host_mapped and no GPU pair of the host that NVML reports without peer
+// access (p2pDirect: the same answer on every rank), send and recv of CUDA tensors move the bytes
+// GPU to GPU. Their GPU
 // work runs on a stream of its own (the group's p2p stream), never behind the group's collective
 // kernels, which may be waiting for a peer that is itself waiting for this message. The sender
 // waits (on its thread, as the staged send does) until its caller's stream has reached the send,

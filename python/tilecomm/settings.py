@@ -138,8 +138,9 @@ SETTINGS = [
         "TILECOMM_CUDA_P2P",
         str,
         "direct",
-        "How send and recv move CUDA tensors (CUDA builds). `direct`: in a group on one host whose GPUs all "
-        "reach each other's memory (and no `TILECOMM_TRANSPORT=host_mapped`), the sender exports its tensor "
+        "How send and recv move CUDA tensors (CUDA builds). `direct`: in a group on one host where no pair of "
+        "GPUs is known (from NVML) to lack peer access, and without `TILECOMM_TRANSPORT=host_mapped`, the "
+        "sender exports its tensor "
         "(cudaIpcGetMemHandle) and the receiver copies it from there on the GPU; the send completes once "
         "that copy has ended, and one that times out fails the group. A sender's tensor that cannot be "
         "exported (expandable segments, memory not from cudaMalloc) is sent through pinned host memory "
