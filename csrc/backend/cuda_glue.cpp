@@ -19,12 +19,16 @@ namespace tilecomm::backend {
 
 namespace {
 
+/// Note [Direct point-to-point]: whether the settings let send and recv go GPU to GPU.
+bool directP2P(const CudaSettings& s) {
+  if (s.p2p != "direct" || s.ipc_bytes == 0 || s.transport == "host_mapped") return false;
+  for (const auto& [pair, link] : s.gpu_links)
+    if (link == "none") return false;  // peers may be on GPUs that cannot reach each other
+  return true;
+}
+
 std::vector<uint8_t> toBytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
 std::string fromBytes(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
-
-at::Tensor pinnedLike(const at::Tensor& t) {
-  return at::empty(t.sizes(), at::TensorOptions().dtype(t.scalar_type()).pinned_memory(true));
-}
 
 }  // namespace
 
@@ -135,6 +139,7 @@ CudaGroup::CudaGroup(int rank, int world, c10::intrusive_ptr<c10d::Store> store,
       store_(std::move(store)),
       prefix_(std::move(prefix)),
       settings_(std::move(settings)),
+      p2p_direct_(directP2P(settings_)),
       watch_(std::move(watch)) {}
 
 CudaGroup::~CudaGroup() {
@@ -919,11 +924,18 @@ int64_t p2pDescTag(int tag) { return exec::kInternalTags + (static_cast<int64_t>
 int64_t p2pReplyTag(uint64_t seq) { return 2 * exec::kInternalTags + static_cast<int64_t>(seq % exec::kInternalTags); }
 int64_t p2pDataTag(uint64_t seq) { return 3 * exec::kInternalTags + static_cast<int64_t>(seq % exec::kInternalTags); }
 
-bool CudaGroup::p2pDirect() const {
-  if (settings_.p2p != "direct" || settings_.ipc_bytes == 0 || settings_.transport == "host_mapped") return false;
-  for (const auto& [pair, link] : settings_.gpu_links)
-    if (link == "none") return false;  // peers may be on GPUs that cannot reach each other
-  return true;
+exec::P2POp p2pMessage(bool send, int peer, int64_t tag, void* ptr, size_t nbytes, int64_t timeout_ms,
+                       std::string label, std::function<void(int, const std::string&)> done) {
+  exec::P2POp op;
+  op.send = send;
+  op.peer = peer;
+  op.tag = tag;
+  op.ptr = static_cast<char*>(ptr);
+  op.nbytes = nbytes;
+  op.timeout_ms = timeout_ms;
+  op.label = std::move(label);
+  op.done = std::move(done);
+  return op;
 }
 
 P2PDesc CudaGroup::p2pExport(const CudaOp& op, const at::Tensor& t, int dst) {
@@ -962,16 +974,10 @@ struct PendingReply {
 
 void postReply(std::shared_ptr<exec::Engine> engine, int dst, uint64_t seq, P2PReply reply, int64_t timeout_ms) {
   auto payload = std::make_shared<P2PReply>(reply);
-  exec::P2POp op;
-  op.send = true;
-  op.peer = dst;
-  op.tag = p2pReplyTag(seq);
-  op.ptr = reinterpret_cast<char*>(payload.get());
-  op.nbytes = sizeof(P2PReply);
-  op.timeout_ms = timeout_ms;
-  op.label = "the reply to rank " + std::to_string(dst) + "'s CUDA send";
-  op.done = [payload](int, const std::string&) {};  // a failure reaches the sender as its own
-  engine->p2p().post(std::move(op));
+  // A failure reaches the sender as its own.
+  engine->p2p().post(p2pMessage(true, dst, p2pReplyTag(seq), payload.get(), sizeof(P2PReply), timeout_ms,
+                                "the reply to rank " + std::to_string(dst) + "'s CUDA send",
+                                [payload](int, const std::string&) {}));
 }
 
 // NOTE: runs on a thread of the CUDA runtime, so it makes no CUDA call: it only queues a message
@@ -1013,6 +1019,10 @@ void CudaGroup::p2pDrain() {
   cudaSetDevice(device_->index());
   cudaStreamSynchronize(p2p_stream_->stream());
   cudaSetDevice(prev);
+}
+
+at::Tensor pinnedLike(const at::Tensor& t) {
+  return at::empty(t.sizes(), at::TensorOptions().dtype(t.scalar_type()).pinned_memory(true));
 }
 
 at::Tensor copyToHost(CudaOp& op, const at::Tensor& t) {

@@ -131,6 +131,7 @@
 #include "cuda/blocks.h"
 #include "cuda/peer_transport.h"
 #include "cuda/schedule_executor.h"
+#include "exec/p2p.h"
 
 namespace tilecomm::backend {
 
@@ -346,7 +347,7 @@ class CudaGroup {
   bool allToAll(CudaOp& op, const cuda::AllToAllCall& call, bool equal, DType dtype, int64_t timeout_ms);
   /// Note [Direct point-to-point]: whether send and recv of CUDA tensors go GPU to GPU (decided
   /// from the settings alone: the same on every rank).
-  bool p2pDirect() const;
+  bool p2pDirect() const { return p2p_direct_; }
   /// At issue, on the caller's thread: a point-to-point operation on `device`, on the group's p2p
   /// stream, its ready event recorded on the caller's current stream.
   std::shared_ptr<CudaOp> beginP2P(const c10::Device& device);
@@ -435,6 +436,7 @@ class CudaGroup {
   c10::intrusive_ptr<c10d::Store> store_;
   std::string prefix_;
   CudaSettings settings_;
+  bool p2p_direct_;  // p2pDirect(), from the settings
 
   std::mutex mu_;  // binding to a device
   std::optional<c10::Device> device_;
@@ -483,9 +485,15 @@ class CudaGroup {
   std::thread watcher_;
 };
 
-/// Point-to-point staging: a pinned copy of t once the caller's stream reached issue (blocks
-/// until copied), and the copy back of a received message (enqueued on the internal stream).
+/// Point-to-point staging: a pinned tensor of t's shape and dtype; a pinned copy of t once the
+/// caller's stream reached issue (blocks until copied); and the copy back of a received message
+/// (enqueued on op's stream).
+at::Tensor pinnedLike(const at::Tensor& t);
 at::Tensor copyToHost(CudaOp& op, const at::Tensor& t);
 void copyFromHost(CudaOp& op, const at::Tensor& t, const at::Tensor& host);
+
+/// A point-to-point operation of the backend's own (Note [Direct point-to-point]).
+exec::P2POp p2pMessage(bool send, int peer, int64_t tag, void* ptr, size_t nbytes, int64_t timeout_ms,
+                       std::string label, std::function<void(int, const std::string&)> done);
 
 }  // namespace tilecomm::backend

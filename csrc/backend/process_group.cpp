@@ -34,6 +34,28 @@ std::exception_ptr p2pException(const std::string& err) {
   return toException(Error(bad_input ? ErrorKind::kInvalid : ErrorKind::kPeerFailed, err));
 }
 
+/// A point-to-point operation's completion: the Work completes with the engine's outcome.
+std::function<void(int, const std::string&)> p2pDone(c10::intrusive_ptr<TilecommWork> work) {
+  return [work](int src, const std::string& err) { work->complete(err.empty() ? nullptr : p2pException(err), src); };
+}
+
+#ifdef TILECOMM_WITH_CUDA
+/// The completion of a receive into CUDA tensor t whose bytes arrive in pinned `host`: they are
+/// copied to t on op's stream, then the Work completes.
+std::function<void(int, const std::string&)> landOnGpu(c10::intrusive_ptr<TilecommWork> work,
+                                                       std::shared_ptr<CudaOp> cop, at::Tensor t, at::Tensor host) {
+  return [work, cop, t, host](int src, const std::string& err) {
+    if (!err.empty()) return work->complete(p2pException(err), src);
+    try {
+      copyFromHost(*cop, t, host);
+    } catch (...) {
+      return work->complete(std::current_exception(), src);
+    }
+    work->complete(nullptr, src);
+  };
+}
+#endif
+
 std::exception_ptr failedGroup(const std::string& why) {
   try {
     C10_THROW_ERROR(DistBackendError, "tilecomm: the process group has failed and cannot run more operations: " + why);
@@ -1014,9 +1036,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::pointToPoint(c10d::OpType t
       if (type == c10d::OpType::SEND) return sendDirect(t, peer, tag, std::move(cop));
       return recvDirect(type, t, peer, tag, std::move(cop));
     }
-    host = type == c10d::OpType::SEND
-               ? copyToHost(*cop, t)
-               : at::empty(t.sizes(), at::TensorOptions().dtype(t.scalar_type()).pinned_memory(true));
+    host = type == c10d::OpType::SEND ? copyToHost(*cop, t) : pinnedLike(t);
   }
 #endif
   auto work = c10::make_intrusive<TilecommWork>(rank_, type, std::vector<at::Tensor>{t},
@@ -1033,41 +1053,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::pointToPoint(c10d::OpType t
   op.ptr = bytes(host);
   op.nbytes = t.nbytes();
   op.timeout_ms = timeout_ms_;
-  op.done = [work, cop, t, host, send = op.send](int src, const std::string& err) {
 #ifdef TILECOMM_WITH_CUDA
-    if (err.empty() && cop && !send) {  // the received bytes go to the GPU on the internal stream
-      try {
-        copyFromHost(*cop, t, host);
-      } catch (...) {
-        return work->complete(std::current_exception(), src);
-      }
-    }
+  op.done = op.send || !cop ? p2pDone(work) : landOnGpu(work, cop, t, host);
+#else
+  op.done = p2pDone(work);
 #endif
-    work->complete(err.empty() ? nullptr : p2pException(err), src);
-  };
   engine_->p2p().post(std::move(op));
   return work;
 }
 
 #ifdef TILECOMM_WITH_CUDA
-namespace {
-/// A point-to-point operation of the backend's own (Note [Direct point-to-point]).
-exec::P2POp p2pMessage(bool send, int peer, int64_t tag, void* ptr, size_t nbytes, int64_t timeout_ms,
-                       std::string label, std::function<void(int, const std::string&)> done) {
-  exec::P2POp op;
-  op.send = send;
-  op.peer = peer;
-  op.tag = tag;
-  op.ptr = static_cast<char*>(ptr);
-  op.nbytes = nbytes;
-  op.timeout_ms = timeout_ms;
-  op.label = std::move(label);
-  op.done = std::move(done);
-  return op;
-}
-
-}  // namespace
-
 c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::sendDirect(const at::Tensor& t, int dst, int tag,
                                                               std::shared_ptr<CudaOp> cop) {
   auto work = c10::make_intrusive<TilecommWork>(rank_, c10d::OpType::SEND, std::vector<at::Tensor>{t},
@@ -1171,17 +1166,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::recvDirect(c10d::OpType typ
                             from);
     }
     if (!desc->exported) {  // the bytes follow through pinned host memory, then to t on the p2p stream
-      at::Tensor host = at::empty(t.sizes(), at::TensorOptions().dtype(t.scalar_type()).pinned_memory(true));
+      at::Tensor host = pinnedLike(t);
       engine->p2p().post(p2pMessage(false, from, p2pDataTag(desc->seq), host.data_ptr(), n, timeout, label,
-                                    [work, cop, t, host](int from, const std::string& e) {
-                                      if (!e.empty()) return work->complete(p2pException(e), from);
-                                      try {
-                                        copyFromHost(*cop, t, host);
-                                      } catch (...) {
-                                        return work->complete(std::current_exception(), from);
-                                      }
-                                      work->complete(nullptr, from);
-                                    }));
+                                    landOnGpu(work, cop, t, host)));
       return;
     }
     // A sender that failed the group (its send timed out) may have its tensor back by now.

@@ -48,7 +48,7 @@ class P2PEngine {
   ~P2PEngine();
   void start();
   /// Fails the pending operations ("process group destroyed ...") and joins the thread; later posts
-  /// are dropped. Idempotent; the destructor calls it.
+  /// fail at once. Idempotent; the destructor calls it.
   void stop();
   void post(P2POp op);
   /// Waits (at most `limit`) until every send under an internal tag that was posted has ended.
