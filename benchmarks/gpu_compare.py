@@ -11,6 +11,8 @@ float32 sum all_reduce through:
   message; the forced paths with TILECOMM_PROTO=simple, auto with the LL kernel
   below TILECOMM_LL_BYTES and on registered tensors from
   TILECOMM_CUDA_REGISTER_BYTES);
+- `tilecomm:auto_op`: the auto group called through its operator
+  (torch.ops.tilecomm.all_reduce_, Note [Operators]) instead of dist.all_reduce;
 - with --nvshmem, tilecomm with TILECOMM_CUDA_ALLREDUCE=nvshmem_two_shot on an ordinary tensor
   (`nvshmem_two_shot`: staged through its buffers) and on one made with tilecomm.symmetric_empty
   (`nvshmem_in_place`); the ranks then set CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = 100 / ranks, which
@@ -211,11 +213,16 @@ def _rank(rank, world, args):
         x = torch.zeros(n, device=dev)  # sums stay finite however often they run
         # the staging fallback takes 0.1-0.3 s per call from 64 MiB: timed up to 16 MiB only
         runs = [(name, g, x) for name, g in groups.items() if name != "tilecomm:staged" or nbytes <= (16 << 20)]
+        runs.insert(1, ("tilecomm:auto_op", groups["tilecomm:auto"], x))
         if heap is not None:
             runs.append(("tilecomm:nvshmem_in_place", nvs, heap[:n].zero_()))
         for name, g, t in runs:
+            if name.endswith("_op"):
+                call = lambda g=g, t=t: torch.ops.tilecomm.all_reduce_(t, "sum", g.group_name)  # noqa: E731
+            else:
+                call = lambda g=g, t=t: dist.all_reduce(t, group=g)  # noqa: E731
             try:
-                row[name] = timed(lambda: dist.all_reduce(t, group=g), args.iters, barrier)
+                row[name] = timed(call, args.iters, barrier)
                 host[name] = HOST.get("last")
             except Exception as e:  # noqa: BLE001
                 row[name] = f"failed: {str(e).splitlines()[0][:60]}"

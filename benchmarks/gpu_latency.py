@@ -17,6 +17,9 @@ by the ranks:
   LL limit it is staged, which cannot be captured). Each record names, per
   entry, the kernel that ran (`kernels`) and the peer memory (`memory`), which
   `python -m tilecomm.tune --cuda-from` fits the CUDA model to;
+- with --ops, every entry also called through tilecomm's operators
+  (torch.ops.tilecomm.all_reduce_ / all_gather_into_tensor_out, Note [Operators]) instead of
+  torch.distributed's functions, as `<entry>_op`;
 - SymmetricMemory `one_shot_all_reduce` (TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES=1);
 - with --fcollect, NVSHMEM's own all_gather (`nvshmemx_fcollectmem_on_stream` on symmetric tensors, as
   `all_gather:fcollect`); the ranks then set CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = 100 / ranks, which
@@ -147,17 +150,24 @@ def _rank(rank, world, args):
         x = torch.zeros(n, device=dev)  # sums stay zero however often they run
         gout = torch.empty(world * n, device=dev)
         kernels, memory = {}, {}
-        for name, g in groups.items():
+        entries = [(name, g, False) for name, g in groups.items()]
+        if args.ops:
+            entries += [(name + "_op", g, True) for name, g in groups.items()]
+        for name, g, use_op in entries:
             be = g._get_backend(torch.device("cuda"))
-            ar = lambda g=g: dist.all_reduce(x, group=g)  # noqa: E731
-            ag = lambda g=g: dist.all_gather_into_tensor(gout, x, group=g)  # noqa: E731
-            if eager(name):
+            if use_op:
+                ar = lambda g=g: torch.ops.tilecomm.all_reduce_(x, "sum", g.group_name)  # noqa: E731
+                ag = lambda g=g: torch.ops.tilecomm.all_gather_into_tensor_out(x, g.group_name, out=gout)  # noqa: E731
+            else:
+                ar = lambda g=g: dist.all_reduce(x, group=g)  # noqa: E731
+                ag = lambda g=g: dist.all_gather_into_tensor(gout, x, group=g)  # noqa: E731
+            if eager(name.removesuffix("_op")):
                 row[f"all_reduce:{name}:eager"] = _try(lambda: _eager(ar, calls, reps, barrier))
             row[f"all_reduce:{name}:graph"] = _try(lambda: _graph(ar, calls, reps, barrier))
             kernels[f"all_reduce:{name}"] = be.cuda_last_kernel() or "staged"
             memory[name] = be.cuda_topology()["transport"]
-            if name.removeprefix("hm_") in GATHER:
-                if eager(name):
+            if name.removeprefix("hm_").removesuffix("_op") in GATHER:
+                if eager(name.removesuffix("_op")):
                     row[f"all_gather:{name}:eager"] = _try(lambda: _eager(ag, calls, reps, barrier))
                 if nbytes <= LL_MAX_BYTES:  # larger ones are staged, which cannot be captured
                     row[f"all_gather:{name}:graph"] = _try(lambda: _graph(ag, calls, reps, barrier))
@@ -213,6 +223,7 @@ def main():
     ap.add_argument("--groups", default="", help="entries to run, comma-separated (default: " + ",".join(GROUPS) + ")")
     ap.add_argument("--eager", default="", help="entries also timed eagerly, comma-separated (default: all)")
     ap.add_argument("--fcollect", action="store_true", help="also NVSHMEM's fcollect (all_gather)")
+    ap.add_argument("--ops", action="store_true", help="also every entry through tilecomm's operators")
     ap.add_argument("--jsonl", default="")
     args = ap.parse_args()
     if not torch.cuda.is_available():

@@ -16,6 +16,7 @@ how many event records, stream waits and launches one collective makes).
 
 The rows that take a tilecomm all_reduce apart by layers: ``backend`` calls the group's tilecomm
 backend directly (a synchronous AllreduceOptions: no torch.distributed Python, no c10d dispatcher);
+``op`` and ``op_all_gather`` are tilecomm's operators (torch.ops.tilecomm, through the dispatcher);
 ``symm_one_shot`` is SymmetricMemory's one_shot_all_reduce, one operator and one launch. For scale,
 ``event_record`` is torch.cuda.Event.record and ``capture_query`` torch.cuda.is_current_stream_capturing,
 each called from Python (torch's Python around one runtime call; the profiler's table gives the
@@ -68,6 +69,9 @@ def _rank(rank, world, args):
         "all_gather": lambda: dist.all_gather_into_tensor(out, x),
         "all_reduce": lambda: dist.all_reduce(y),
         "backend": lambda: be.allreduce([y], sync).wait(),
+        # the operator (Note [Operators]): the backend call without torch.distributed's Python
+        "op": lambda: torch.ops.tilecomm.all_reduce_(y, "sum", dist.group.WORLD.group_name),
+        "op_all_gather": lambda: torch.ops.tilecomm.all_gather_into_tensor_out(x, dist.group.WORLD.group_name, out=out),
         "add_": lambda: y.add_(0.0),  # one plain kernel launch, for scale
         "event_record": lambda: ev.record(),
         "capture_query": torch.cuda.is_current_stream_capturing,
@@ -96,7 +100,7 @@ def _rank(rank, world, args):
         print(f"world={world} bytes={args.bytes} last kernel={be.cuda_last_kernel()}")
         for name, (host, event) in row.items():
             print(f"  {name:<12} host_us={host * 1e6:7.1f}  event_us={event * 1e6:7.1f}")
-    for name in ("all_gather", "all_reduce"):
+    for name in ("all_gather", "all_reduce", "op"):
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:

@@ -2,6 +2,10 @@
 
     python benchmarks/latency.py --worlds 2,4,8 --bytes 8 -n 2000 --backends tilecomm,gloo
 
+`tilecomm-op` in --backends is tilecomm called through its operators
+(torch.ops.tilecomm, Note [Operators]) instead of torch.distributed's functions
+(all_reduce and all_gather only).
+
 Spawns the ranks itself. For each world size and backend: warm-up calls, a
 barrier, then `-n` back-to-back calls of one collective on a float32 buffer;
 prints the mean time per call (the slowest rank's), the CPU time and the
@@ -23,7 +27,9 @@ from tilecomm import launch
 
 
 def _rank(rank, world, backend, coll, nbytes, iters, out):
-    dist.init_process_group(backend, rank=rank, world_size=world)
+    use_op = backend == "tilecomm-op"
+    dist.init_process_group("tilecomm" if use_op else backend, rank=rank, world_size=world)
+    name = dist.group.WORLD.group_name
     n = max(nbytes // 4, 1)
     x = torch.full((n,), float(rank + 1))
     outs = torch.empty(n * world)
@@ -31,9 +37,15 @@ def _rank(rank, world, backend, coll, nbytes, iters, out):
     def call():
         if coll == "all_reduce":
             x.fill_(float(rank + 1))
-            dist.all_reduce(x)
+            if use_op:
+                torch.ops.tilecomm.all_reduce_(x, "sum", name)
+            else:
+                dist.all_reduce(x)
         elif coll == "all_gather":
-            dist.all_gather_into_tensor(outs, x)
+            if use_op:
+                torch.ops.tilecomm.all_gather_into_tensor_out(x, name, out=outs)
+            else:
+                dist.all_gather_into_tensor(outs, x)
         elif coll == "broadcast":
             dist.broadcast(x, src=0)
         elif coll == "barrier":
@@ -79,20 +91,22 @@ def main():
     args = ap.parse_args()
     out = f"/tmp/tilecomm-latency-{os.getpid()}.txt"
     print(f"# {args.collective}, {args.bytes} B float32, {os.cpu_count()} cores")
-    print(f"{'world':>5} {'backend':>10} {'us/call':>10} {'cpu us/call':>12} {'switches/call':>14} {'ratio':>7} "
+    print(f"{'world':>5} {'backend':>11} {'us/call':>10} {'cpu us/call':>12} {'switches/call':>14} {'ratio':>7} "
           f"{'ok':>4}")
     try:
         for world in [int(w) for w in args.worlds.split(",")]:
             rows = []
             for b in args.backends.split(","):
-                iters = args.n if b == "tilecomm" else max(args.n // 10, 100)
+                if b == "tilecomm-op" and args.collective not in ("all_reduce", "all_gather"):
+                    continue
+                iters = args.n if b.startswith("tilecomm") else max(args.n // 10, 100)
                 launch.run(_rank, world, b, args.collective, args.bytes, iters, out)
                 with open(out) as f:
                     dt, sw, cpu, bad = (float(v) for v in f.read().split())
                 rows.append((b, dt, sw, cpu, bad == 0))
             ref = rows[-1][1]
             for b, dt, sw, cpu, ok in rows:
-                print(f"{world:>5} {b:>10} {dt * 1e6:>10.1f} {cpu * 1e6:>12.1f} {sw:>14.1f} {dt / ref:>7.3f} "
+                print(f"{world:>5} {b:>11} {dt * 1e6:>10.1f} {cpu * 1e6:>12.1f} {sw:>14.1f} {dt / ref:>7.3f} "
                       f"{'yes' if ok else 'NO':>4}",
                       flush=True)
     finally:

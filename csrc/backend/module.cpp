@@ -1,7 +1,11 @@
 // Python bindings: the engine (set up once per group from Python) and the
-// c10d backend class handed to torch.distributed.
+// c10d backend class handed to torch.distributed; and the collectives as torch
+// operators (Note [Operators]).
 #include <pybind11/stl.h>
+#include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/utils/pybind.h>
+#include <torch/library.h>
 
 #include <array>
 #include <cstring>
@@ -68,7 +72,81 @@ auto translate(F&& f) {
   }
 }
 
+// Note [Operators]: torch.ops.tilecomm.all_reduce_ and all_gather_into_tensor_out run one
+// collective of a group, named as torch's functional collectives name it (its group_name),
+// exactly as a synchronous dist.all_reduce / dist.all_gather_into_tensor of that group would:
+// the same backend call with asyncOp=false, then the Work's wait(). What they leave out is
+// torch.distributed's Python wrapper and a Work handed to Python, which are most of what a small
+// collective costs the host when its kernel takes a few microseconds (docs/benchmarks.md). They
+// are the way to call a collective from Python with the least host time, as SymmetricMemory's
+// operators are. The group's backend for the tensors' device must be tilecomm. On meta tensors
+// they return their output and do nothing.
+
+c10::intrusive_ptr<backend::ProcessGroupTilecomm> backendFor(const std::string& group, const at::Tensor& t,
+                                                             const char* op) {
+  c10::intrusive_ptr<c10d::ProcessGroup> pg = c10d::resolve_process_group(group);  // throws naming the group
+  c10::intrusive_ptr<c10d::Backend> b;
+  if (pg->hasBackends()) {
+    try {
+      b = pg->getBackend(t.device().type());
+    } catch (const c10::Error&) {  // no backend for this device type: said below
+    }
+  }
+  auto tc = c10::dynamic_intrusive_pointer_cast<backend::ProcessGroupTilecomm>(b);
+  TORCH_CHECK_VALUE(tc, "tilecomm.", op, ": group '", group, "' has no tilecomm backend for ", t.device().type(),
+                    " tensors", b ? " (its backend is " + b->getBackendName() + ")" : std::string());
+  return tc;
+}
+
+c10d::ReduceOp reduceOpNamed(c10::string_view name) {
+  static const std::pair<const char*, c10d::ReduceOp::RedOpType> kOps[] = {
+      {"sum", c10d::ReduceOp::SUM}, {"avg", c10d::ReduceOp::AVG},   {"product", c10d::ReduceOp::PRODUCT},
+      {"min", c10d::ReduceOp::MIN}, {"max", c10d::ReduceOp::MAX},   {"band", c10d::ReduceOp::BAND},
+      {"bor", c10d::ReduceOp::BOR}, {"bxor", c10d::ReduceOp::BXOR}};
+  for (const auto& [n, op] : kOps)
+    if (name == n) return c10d::ReduceOp(op);
+  TORCH_CHECK_VALUE(false, "tilecomm.all_reduce_: unknown reduce_op '", std::string(name),
+                    "'; one of sum, avg, product, min, max, band, bor, bxor (PREMUL_SUM needs dist.all_reduce)");
+}
+
+at::Tensor allReduceOp(at::Tensor self, c10::string_view reduce_op, c10::string_view group) {
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = reduceOpNamed(reduce_op);
+  opts.asyncOp = false;
+  std::vector<at::Tensor> ts{self};
+  backendFor(std::string(group), self, "all_reduce_")->allreduce(ts, opts)->wait();
+  return self;
+}
+
+at::Tensor allGatherOp(const at::Tensor& input, c10::string_view group, at::Tensor out) {
+  c10d::AllgatherOptions opts;
+  opts.asyncOp = false;
+  at::Tensor in = input;
+  backendFor(std::string(group), out, "all_gather_into_tensor")->_allgather_base(out, in, opts)->wait();
+  return out;
+}
+
 }  // namespace
+
+TORCH_LIBRARY(tilecomm, m) {
+  m.def("all_reduce_(Tensor(a!) self, str reduce_op, str group_name) -> Tensor(a!)");
+  m.def("all_gather_into_tensor_out(Tensor input, str group_name, *, Tensor(a!) out) -> Tensor(a!)");
+}
+
+TORCH_LIBRARY_IMPL(tilecomm, CPU, m) {
+  m.impl("all_reduce_", allReduceOp);
+  m.impl("all_gather_into_tensor_out", allGatherOp);
+}
+
+TORCH_LIBRARY_IMPL(tilecomm, CUDA, m) {
+  m.impl("all_reduce_", allReduceOp);
+  m.impl("all_gather_into_tensor_out", allGatherOp);
+}
+
+TORCH_LIBRARY_IMPL(tilecomm, Meta, m) {
+  m.impl("all_reduce_", [](at::Tensor self, c10::string_view, c10::string_view) { return self; });
+  m.impl("all_gather_into_tensor_out", [](const at::Tensor&, c10::string_view, at::Tensor out) { return out; });
+}
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "tilecomm engine and torch.distributed backend";

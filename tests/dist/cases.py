@@ -1309,6 +1309,82 @@ def object_collectives(rank, world, gloo):
 # ---------------------------------------------------------------- bad inputs (group stays usable)
 
 
+def operators(rank, world, gloo, shapes=((0,), (1,), (1001,), (3, 5, 7))):
+    """torch.ops.tilecomm's collectives (Note [Operators]) against the closed form and, bit for bit,
+    against dist.all_reduce / dist.all_gather_into_tensor of the same group, for every dtype and
+    named ReduceOp; the errors of the backend for invalid pairs; clear errors for what the
+    operators refuse. Returns how many results were checked."""
+    import tilecomm
+
+    name = dist.group.WORLD.group_name
+    checked = 0
+    for dtype, dt in DTYPES.items():
+        for op in [o for o in OPS if not o.startswith("premul")]:
+            for shape in shapes:
+                n = numel(shape)
+                what = f"op all_reduce_({op}, {dtype}, shape={shape}, world={world})"
+                x = pattern(kind_of(op), dt, n, rank).reshape(shape)
+                y = x.clone()
+                inv = backend_invalid(op, dt)
+                if inv is not None:
+                    expect_error(inv, lambda: torch.ops.tilecomm.all_reduce_(y, op, name), what)
+                    assert_equal(y, x, what + " input left alone after the error")
+                    continue
+                got = torch.ops.tilecomm.all_reduce_(y, op, name)
+                assert got is y, f"{what}: does not return its input"
+                assert_equal(y, closed_form(op, dt, n, range(world)).reshape(shape), what)
+                if not torch_api_blocks_complex(op, dt):
+                    z = x.clone()
+                    dist.all_reduce(z, op=reduce_op(op))
+                    assert raw_bytes(y) == raw_bytes(z), f"{what}: differs from dist.all_reduce"
+                checked += 1
+    for dtype in ("float32", "bfloat16", "int64", "bool", "complex128"):
+        dt = DTYPES[dtype]
+        for shape in shapes:
+            n = numel(shape)
+            mine = _movable(dt, n, rank).reshape(shape)
+            out = _garbage(dt, (world * shape[0],) + shape[1:])
+            assert torch.ops.tilecomm.all_gather_into_tensor_out(mine, name, out=out) is out
+            want = torch.cat([_movable(dt, n, r).reshape(shape) for r in range(world)])
+            assert_equal(out, want, f"op all_gather({dtype}, shape={shape}, world={world})")
+            checked += 1
+    # the Python helpers: default group, another tilecomm group, a ReduceOp member
+    sub = dist.new_group(backend="tilecomm")
+    t = torch.full((5,), float(rank + 1))
+    tilecomm.ops.all_reduce_(t, dist.ReduceOp.MAX, group=sub)
+    assert t.tolist() == [float(world)] * 5, t
+    tilecomm.ops.all_reduce_(t)
+    assert t.tolist() == [float(world * world)] * 5, t
+    out = torch.empty(2 * world)
+    tilecomm.ops.all_gather_into_tensor(out, torch.full((2,), float(rank)), group=sub)
+    assert out.tolist() == [float(r) for r in range(world) for _ in range(2)], out
+    # tracers: the Meta kernels return their outputs
+    m = torch.empty(3, device="meta")
+    assert torch.ops.tilecomm.all_reduce_(m, "sum", name) is m
+    # refused, each naming the problem
+    x = torch.ones(4)
+    msgs = [
+        expect_error(ValueError, lambda: torch.ops.tilecomm.all_reduce_(x, "median", name), "op name", "median"),
+        expect_error(ValueError, lambda: torch.ops.tilecomm.all_reduce_(x, "premul_sum", name), "premul", "PREMUL_SUM"),
+        expect_error(ValueError, lambda: tilecomm.ops.all_reduce_(x, group=gloo), "gloo group", "its backend is gloo"),
+        expect_error(ValueError, lambda: tilecomm.ops.all_reduce_(x, op=3), "op type", "op must be"),
+        expect_error(RuntimeError, lambda: torch.ops.tilecomm.all_reduce_(x, "sum", "no-such-group"), "group name",
+                     "no-such-group"),
+        expect_error(ValueError, lambda: tilecomm.ops.all_gather_into_tensor(torch.empty(world * 4 + 1), x),
+                     "all_gather size", "expected world size"),
+    ]
+    assert x.tolist() == [1.0] * 4, x
+    dist.destroy_process_group(sub)
+    if world > 1:  # a rank outside a group: nothing happens, with a warning, as with dist's functions
+        pair = dist.new_group([0, 1], backend="tilecomm")
+        t = torch.full((3,), float(rank))
+        tilecomm.ops.all_reduce_(t, group=pair)
+        assert t.tolist() == ([1.0] * 3 if rank < 2 else [float(rank)] * 3), t
+        dist.destroy_process_group(pair)
+    check_group_healthy(gloo)
+    return {"checked": checked, "errors": msgs}
+
+
 def bad_inputs(rank, world, gloo):
     msgs = {}
     be = backend()

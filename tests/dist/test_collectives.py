@@ -378,3 +378,13 @@ TINY_BATTERY = {
 )
 def test_tiny_slots(pools, cfg, case):
     _run(pools, cfg, case, timeout=300, **TINY_BATTERY[case])
+
+
+# ---------------------------------------------------------------- operators
+
+
+@pytest.mark.parametrize("cfg", [pytest.param(Cfg(w), id=f"operators-auto-p{w}") for w in (1, 2, 3, 4)])
+def test_operators(pools, cfg):
+    """torch.ops.tilecomm.all_reduce_ / all_gather_into_tensor_out: every dtype and op, as dist's functions do."""
+    rep = _run(pools, cfg, "operators")[0]
+    assert rep["checked"] >= 300, rep["checked"]  # the valid (dtype, op) pairs x shapes, and the gathers

@@ -420,6 +420,64 @@ def graph_replay(rank, world, gloo, replays, sizes=(1, 7, 1031, 65543)):
     finish()
 
 
+def operators(rank, world, gloo, sizes=(0, 1, 1031, 65543, 1 << 20)):
+    """torch.ops.tilecomm's collectives on CUDA tensors (Note [Operators]): closed form, the same
+    bits as dist.all_reduce / dist.all_gather_into_tensor of the group, on the caller's stream
+    without a synchronize, and replayed from a CUDA graph; a group without a tilecomm CUDA backend
+    is refused."""
+    import tilecomm
+
+    d = dev()
+    name = dist.group.WORLD.group_name
+    side = torch.cuda.Stream()
+    for dt, op in [(torch.float32, "sum"), (torch.bfloat16, "max"), (torch.int32, "bxor"), (torch.float16, "avg"),
+                   (torch.int64, "product")]:
+        for n in sizes:
+            what = f"op all_reduce_ {op} {dt} n={n}"
+            x = data(rank, n, dt, op).to(d)
+            y = x.clone()
+            with torch.cuda.stream(side):  # a stream of the caller's: the op runs on it
+                side.wait_stream(torch.cuda.current_stream())
+                got = torch.ops.tilecomm.all_reduce_(x, op, name)
+            torch.cuda.current_stream().wait_stream(side)
+            check(got is x, f"{what}: returns its input")
+            check_equal(x, closed_form(world, n, dt, op), what)
+            dist.all_reduce(y, op=reduce_op(op))
+            check(torch.equal(x, y), f"{what}: differs from dist.all_reduce")
+            identical(gloo, x, what)
+    for n in sizes:
+        what = f"op all_gather n={n}"
+        x = data(rank, n, torch.float16, "sum").to(d)
+        out = torch.empty(world * n, dtype=torch.float16, device=d)
+        tilecomm.ops.all_gather_into_tensor(out, x)
+        check_equal(out, torch.cat([data(r, n, torch.float16, "sum") for r in range(world)]), what)
+
+    # captured: fresh inputs every replay
+    ar, ag_in = torch.zeros(4099, device=d), torch.zeros(257, device=d)
+    ag_out = torch.empty(world * 257, device=d)
+    ar.copy_(data(rank, 4099, torch.float32, "sum"))
+    tilecomm.ops.all_reduce_(ar)  # eager first: sets up the transport
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        torch.ops.tilecomm.all_reduce_(ar, "sum", name)
+        torch.ops.tilecomm.all_gather_into_tensor_out(ag_in, name, out=ag_out)
+    for k in range(1, 11):
+        ar.copy_(data(rank, 4099, torch.float32, "sum", salt=k))
+        ag_in.copy_(data(rank, 257, torch.float32, "sum", salt=k))
+        graph.replay()
+        check_equal(ar, closed_form(world, 4099, torch.float32, "sum", salt=k), f"replay {k}: all_reduce_")
+        want = torch.cat([data(r, 257, torch.float32, "sum", salt=k) for r in range(world)])
+        check_equal(ag_out, want, f"replay {k}: all_gather")
+    torch.cuda.synchronize()
+    try:
+        tilecomm.ops.all_reduce_(torch.ones(4, device=d), group=gloo)
+        check(False, "a Gloo group's CUDA tensor went through tilecomm's operator")
+    except ValueError as e:
+        check("no tilecomm backend for cuda" in str(e), f"unclear error: {e}")
+    finish()
+
+
 # ---------------------------------------------------------------- every other op
 
 

@@ -211,6 +211,12 @@ def test_stream_semantics(pools, world, config):
         pools.run(world, CONFIGS[config], "streams", n=n, direct=config != "staged")
 
 
+@pytest.mark.parametrize("config", ["auto", "ll", "host_mapped"])
+@pytest.mark.parametrize("world", WORLDS)
+def test_operators(pools, world, config):
+    pools.run(world, CONFIGS[config], "operators")
+
+
 @pytest.mark.parametrize("world", WORLDS)
 def test_ddp_matches_gloo(pools, world):
     pools.run(world, {}, "ddp_matches_gloo")
