@@ -79,8 +79,9 @@ auto translate(F&& f) {
 // torch.distributed's Python wrapper and a Work handed to Python, which are most of what a small
 // collective costs the host when its kernel takes a few microseconds (docs/benchmarks.md). They
 // are the way to call a collective from Python with the least host time, as SymmetricMemory's
-// operators are. The group's backend for the tensors' device must be tilecomm. On meta tensors
-// they return their output and do nothing.
+// operators are. The group's backend for the tensors' device must be tilecomm. They return
+// nothing (they write their tensor argument), which lets torch.compile functionalize them; on
+// meta tensors they do nothing.
 
 c10::intrusive_ptr<backend::ProcessGroupTilecomm> backendFor(const std::string& group, const at::Tensor& t,
                                                              const char* op) {
@@ -109,28 +110,26 @@ c10d::ReduceOp reduceOpNamed(c10::string_view name) {
                     "'; one of sum, avg, product, min, max, band, bor, bxor (PREMUL_SUM needs dist.all_reduce)");
 }
 
-at::Tensor allReduceOp(at::Tensor self, c10::string_view reduce_op, c10::string_view group) {
+void allReduceOp(at::Tensor self, c10::string_view reduce_op, c10::string_view group) {
   c10d::AllreduceOptions opts;
   opts.reduceOp = reduceOpNamed(reduce_op);
   opts.asyncOp = false;
   std::vector<at::Tensor> ts{self};
   backendFor(std::string(group), self, "all_reduce_")->allreduce(ts, opts)->wait();
-  return self;
 }
 
-at::Tensor allGatherOp(const at::Tensor& input, c10::string_view group, at::Tensor out) {
+void allGatherOp(const at::Tensor& input, c10::string_view group, at::Tensor out) {
   c10d::AllgatherOptions opts;
   opts.asyncOp = false;
   at::Tensor in = input;
   backendFor(std::string(group), out, "all_gather_into_tensor")->_allgather_base(out, in, opts)->wait();
-  return out;
 }
 
 }  // namespace
 
 TORCH_LIBRARY(tilecomm, m) {
-  m.def("all_reduce_(Tensor(a!) self, str reduce_op, str group_name) -> Tensor(a!)");
-  m.def("all_gather_into_tensor_out(Tensor input, str group_name, *, Tensor(a!) out) -> Tensor(a!)");
+  m.def("all_reduce_(Tensor(a!) self, str reduce_op, str group_name) -> ()");
+  m.def("all_gather_into_tensor_out(Tensor input, str group_name, *, Tensor(a!) out) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(tilecomm, CPU, m) {
@@ -144,8 +143,8 @@ TORCH_LIBRARY_IMPL(tilecomm, CUDA, m) {
 }
 
 TORCH_LIBRARY_IMPL(tilecomm, Meta, m) {
-  m.impl("all_reduce_", [](at::Tensor self, c10::string_view, c10::string_view) { return self; });
-  m.impl("all_gather_into_tensor_out", [](const at::Tensor&, c10::string_view, at::Tensor out) { return out; });
+  m.impl("all_reduce_", [](at::Tensor, c10::string_view, c10::string_view) {});
+  m.impl("all_gather_into_tensor_out", [](const at::Tensor&, c10::string_view, at::Tensor) {});
 }
 
 PYBIND11_MODULE(_C, m) {

@@ -2,7 +2,7 @@
 
 ``torch.ops.tilecomm.all_reduce_(tensor, "sum", group.group_name)`` and
 ``torch.ops.tilecomm.all_gather_into_tensor_out(input, group.group_name, out=output)``
-do what a synchronous ``dist.all_reduce`` / ``dist.all_gather_into_tensor`` on that group does
+(which write their tensor argument and return nothing, so that torch.compile can trace them) do what a synchronous ``dist.all_reduce`` / ``dist.all_gather_into_tensor`` on that group does
 (same checks, same algorithms, same stream semantics), without torch.distributed's Python
 wrapper and without a Work object: a small CUDA collective then costs the host about what one
 kernel launch costs. The group's backend for the tensor's device must be tilecomm. The two
@@ -41,10 +41,14 @@ def _op_name(op) -> str:
 def all_reduce_(tensor: torch.Tensor, op="sum", group=None) -> torch.Tensor:
     """Reduces ``tensor`` in place over ``group`` (default: the world) and returns it."""
     op, name = _op_name(op), _group_name(group)
-    return tensor if name is None else torch.ops.tilecomm.all_reduce_(tensor, op, name)
+    if name is not None:
+        torch.ops.tilecomm.all_reduce_(tensor, op, name)
+    return tensor
 
 
 def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor, group=None) -> torch.Tensor:
     """Gathers every rank's ``input`` into ``output`` (rank order along dim 0) and returns it."""
     name = _group_name(group)
-    return output if name is None else torch.ops.tilecomm.all_gather_into_tensor_out(input, name, out=output)
+    if name is not None:
+        torch.ops.tilecomm.all_gather_into_tensor_out(input, name, out=output)
+    return output
