@@ -104,6 +104,8 @@ def main():
                 with open(out) as f:
                     dt, sw, cpu, bad = (float(v) for v in f.read().split())
                 rows.append((b, dt, sw, cpu, bad == 0))
+            if not rows:
+                continue
             ref = rows[-1][1]
             for b, dt, sw, cpu, ok in rows:
                 print(f"{world:>5} {b:>11} {dt * 1e6:>10.1f} {cpu * 1e6:>12.1f} {sw:>14.1f} {dt / ref:>7.3f} "

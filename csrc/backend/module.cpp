@@ -2,6 +2,8 @@
 // c10d backend class handed to torch.distributed; and the collectives as torch
 // operators (Note [Operators]).
 #include <pybind11/stl.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/GradMode.h>
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/utils/pybind.h>
@@ -79,9 +81,12 @@ auto translate(F&& f) {
 // torch.distributed's Python wrapper and a Work handed to Python, which are most of what a small
 // collective costs the host when its kernel takes a few microseconds (docs/benchmarks.md). They
 // are the way to call a collective from Python with the least host time, as SymmetricMemory's
-// operators are. The group's backend for the tensors' device must be tilecomm. They return
-// nothing (they write their tensor argument), which lets torch.compile functionalize them; on
-// meta tensors they do nothing.
+// operators are. The group's backend for the tensors' device must be tilecomm. What dist's Python
+// does before the call they do too: complex tensors go as real views (SUM and AVG only). They
+// return nothing (they write their tensor argument), which lets torch.compile functionalize them;
+// on meta tensors they do nothing. A tensor that requires grad (with grad mode on) is refused:
+// no gradient flows through them, and dist.all_reduce only warns, then passes the gradient
+// through unchanged, which is wrong.
 
 c10::intrusive_ptr<backend::ProcessGroupTilecomm> backendFor(const std::string& group, const at::Tensor& t,
                                                              const char* op) {
@@ -114,6 +119,11 @@ void allReduceOp(at::Tensor self, c10::string_view reduce_op, c10::string_view g
   c10d::AllreduceOptions opts;
   opts.reduceOp = reduceOpNamed(reduce_op);
   opts.asyncOp = false;
+  if (self.is_complex()) {  // as dist.all_reduce: the real view, for the ops that allow it
+    TORCH_CHECK_VALUE(opts.reduceOp == c10d::ReduceOp::SUM || opts.reduceOp == c10d::ReduceOp::AVG,
+                      "tilecomm.all_reduce_: ", std::string(reduce_op), " is not supported on complex tensors");
+    self = at::view_as_real(self);
+  }
   std::vector<at::Tensor> ts{self};
   backendFor(std::string(group), self, "all_reduce_")->allreduce(ts, opts)->wait();
 }
@@ -121,8 +131,22 @@ void allReduceOp(at::Tensor self, c10::string_view reduce_op, c10::string_view g
 void allGatherOp(const at::Tensor& input, c10::string_view group, at::Tensor out) {
   c10d::AllgatherOptions opts;
   opts.asyncOp = false;
-  at::Tensor in = input;
-  backendFor(std::string(group), out, "all_gather_into_tensor")->_allgather_base(out, in, opts)->wait();
+  at::Tensor in = input.is_complex() ? at::view_as_real(input) : input;  // as dist.all_gather_into_tensor
+  if (out.is_complex()) out = at::view_as_real(out);
+  backendFor(std::string(group), out, "all_gather_into_tensor_out")->_allgather_base(out, in, opts)->wait();
+}
+
+void noGrad(std::initializer_list<const at::Tensor*> ts, const char* op) {
+  for (const at::Tensor* t : ts)
+    TORCH_CHECK_VALUE(!(t->requires_grad() && at::GradMode::is_enabled()), "tilecomm.", op,
+                      ": a tensor requires grad, and no gradient flows through this collective; call it under "
+                      "torch.no_grad() or on a detached tensor");
+}
+
+
+void metaOnly(std::initializer_list<const at::Tensor*> ts, const char* op) {
+  for (const at::Tensor* t : ts)
+    TORCH_CHECK_VALUE(t->is_meta(), "tilecomm.", op, ": tensors on meta and on ", t->device(), " in one call");
 }
 
 }  // namespace
@@ -143,8 +167,30 @@ TORCH_LIBRARY_IMPL(tilecomm, CUDA, m) {
 }
 
 TORCH_LIBRARY_IMPL(tilecomm, Meta, m) {
-  m.impl("all_reduce_", [](at::Tensor, c10::string_view, c10::string_view) {});
-  m.impl("all_gather_into_tensor_out", [](const at::Tensor&, c10::string_view, at::Tensor) {});
+  m.impl("all_reduce_", [](at::Tensor self, c10::string_view, c10::string_view) { metaOnly({&self}, "all_reduce_"); });
+  m.impl("all_gather_into_tensor_out", [](const at::Tensor& in, c10::string_view, at::Tensor out) {
+    metaOnly({&in, &out}, "all_gather_into_tensor_out");
+  });
+}
+
+TORCH_LIBRARY_IMPL(tilecomm, Autograd, m) {
+  // The checks, then the kernel below autograd (CPU, CUDA or Meta).
+  m.impl("all_reduce_", [](at::Tensor self, c10::string_view reduce_op, c10::string_view group) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("tilecomm::all_reduce_", "")
+                               .typed<void(at::Tensor, c10::string_view, c10::string_view)>();
+    noGrad({&self}, "all_reduce_");
+    at::AutoDispatchBelowADInplaceOrView below;
+    op.call(self, reduce_op, group);
+  });
+  m.impl("all_gather_into_tensor_out", [](const at::Tensor& in, c10::string_view group, at::Tensor out) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("tilecomm::all_gather_into_tensor_out", "")
+                               .typed<void(const at::Tensor&, c10::string_view, at::Tensor)>();
+    noGrad({&in, &out}, "all_gather_into_tensor_out");
+    at::AutoDispatchBelowADInplaceOrView below;
+    op.call(in, group, out);
+  });
 }
 
 PYBIND11_MODULE(_C, m) {

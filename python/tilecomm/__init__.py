@@ -13,4 +13,4 @@ from tilecomm.topology import Topology, gpu_topology, stats, topology  # noqa: E
 
 _register()
 
-__all__ = ["Topology", "ops", "gpu_topology", "stats", "symmetric_empty", "topology", "__version__"]
+__all__ = ["Topology", "gpu_topology", "ops", "stats", "symmetric_empty", "topology", "__version__"]

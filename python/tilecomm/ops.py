@@ -2,12 +2,13 @@
 
 ``torch.ops.tilecomm.all_reduce_(tensor, "sum", group.group_name)`` and
 ``torch.ops.tilecomm.all_gather_into_tensor_out(input, group.group_name, out=output)``
-(which write their tensor argument and return nothing, so that torch.compile can trace them) do what a synchronous ``dist.all_reduce`` / ``dist.all_gather_into_tensor`` on that group does
-(same checks, same algorithms, same stream semantics), without torch.distributed's Python
-wrapper and without a Work object: a small CUDA collective then costs the host about what one
-kernel launch costs. The group's backend for the tensor's device must be tilecomm. The two
-functions below name the group for you (at the price of a Python call); the operators can be
-called directly, and captured in CUDA graphs like the collectives.
+do what a synchronous ``dist.all_reduce`` / ``dist.all_gather_into_tensor`` on that group
+does (same checks, algorithms and stream semantics; complex tensors as real views), without
+torch.distributed's Python wrapper and without a Work object. That takes 3-10 us of host time
+off a small CUDA collective (docs/benchmarks.md). They write their tensor argument and return
+nothing, so that torch.compile can trace them; CUDA graphs capture them. A tensor that requires
+grad is refused. The group's backend for the tensor's device must be tilecomm. The two
+functions below name the group for you, at the price of a Python call.
 """
 
 from __future__ import annotations

@@ -422,9 +422,9 @@ def graph_replay(rank, world, gloo, replays, sizes=(1, 7, 1031, 65543)):
 
 def operators(rank, world, gloo, sizes=(0, 1, 1031, 65543, 1 << 20)):
     """torch.ops.tilecomm's collectives on CUDA tensors (Note [Operators]): closed form, the same
-    bits as dist.all_reduce / dist.all_gather_into_tensor of the group, on the caller's stream
-    without a synchronize, and replayed from a CUDA graph; a group without a tilecomm CUDA backend
-    is refused."""
+    bits as dist.all_reduce / dist.all_gather_into_tensor of the group, ordered after a late write
+    on the caller's current stream without a synchronize, complex as its real view, and replayed
+    from a CUDA graph; a group without a tilecomm CUDA backend is refused."""
     import tilecomm
 
     d = dev()
@@ -434,10 +434,13 @@ def operators(rank, world, gloo, sizes=(0, 1, 1031, 65543, 1 << 20)):
                    (torch.int64, "product")]:
         for n in sizes:
             what = f"op all_reduce_ {op} {dt} n={n}"
-            x = data(rank, n, dt, op).to(d)
-            y = x.clone()
-            with torch.cuda.stream(side):  # a stream of the caller's: the op runs on it
-                side.wait_stream(torch.cuda.current_stream())
+            src = data(rank, n, dt, op).to(d)
+            x = torch.full_like(src, 3)  # stale contents, overwritten on `side` only
+            y = src.clone()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # the caller's current stream: the op must run after its writes
+                torch.cuda._sleep(1_000_000)  # a late writer
+                x.copy_(src)
                 torch.ops.tilecomm.all_reduce_(x, op, name)
             torch.cuda.current_stream().wait_stream(side)
             check_equal(x, closed_form(world, n, dt, op), what)
@@ -451,7 +454,8 @@ def operators(rank, world, gloo, sizes=(0, 1, 1031, 65543, 1 << 20)):
         tilecomm.ops.all_gather_into_tensor(out, x)
         check_equal(out, torch.cat([data(r, n, torch.float16, "sum") for r in range(world)]), what)
 
-    # captured: fresh inputs every replay
+    # captured: fresh inputs every replay (complex as its real view: a kernel too)
+    cx = torch.zeros(1031, dtype=torch.complex64, device=d)
     ar, ag_in = torch.zeros(4099, device=d), torch.zeros(257, device=d)
     ag_out = torch.empty(world * 257, device=d)
     ar.copy_(data(rank, 4099, torch.float32, "sum"))
@@ -461,10 +465,13 @@ def operators(rank, world, gloo, sizes=(0, 1, 1031, 65543, 1 << 20)):
     with torch.cuda.graph(graph):
         torch.ops.tilecomm.all_reduce_(ar, "sum", name)
         torch.ops.tilecomm.all_gather_into_tensor_out(ag_in, name, out=ag_out)
+        torch.ops.tilecomm.all_reduce_(cx, "sum", name)
     for k in range(1, 11):
         ar.copy_(data(rank, 4099, torch.float32, "sum", salt=k))
         ag_in.copy_(data(rank, 257, torch.float32, "sum", salt=k))
+        cx.copy_(data(rank, 1031, torch.complex64, "sum", salt=k))
         graph.replay()
+        check_equal(cx, closed_form(world, 1031, torch.complex64, "sum", salt=k), f"replay {k}: complex64")
         check_equal(ar, closed_form(world, 4099, torch.float32, "sum", salt=k), f"replay {k}: all_reduce_")
         want = torch.cat([data(r, 257, torch.float32, "sum", salt=k) for r in range(world)])
         check_equal(ag_out, want, f"replay {k}: all_gather")
