@@ -33,3 +33,12 @@ def pytest_collection_modifyitems(config, items):
 
     order = {id(item): pos for pos, item in enumerate(items)}
     items.sort(key=lambda it: (world(it), order[id(it)]))
+
+
+def pytest_runtest_logreport(report):
+    """Prints a failure's report as soon as it happens, not only in the final summary: a later
+    test that hangs until the command's time limit would take the summary with it."""
+    if report.failed:
+        text = report.longreprtext
+        sys.stderr.write(f"\n{report.nodeid} failed ({report.when}):\n{text[-4000:]}\n")
+        sys.stderr.flush()
