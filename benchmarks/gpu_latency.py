@@ -150,10 +150,11 @@ def _rank(rank, world, args):
         x = torch.zeros(n, device=dev)  # sums stay zero however often they run
         gout = torch.empty(world * n, device=dev)
         kernels, memory = {}, {}
-        entries = [(name, g, False) for name, g in groups.items()]
+        # (entry, its group's name, group, through the operators)
+        entries = [(name, name, g, False) for name, g in groups.items()]
         if args.ops:
-            entries += [(name + "_op", g, True) for name, g in groups.items()]
-        for name, g, use_op in entries:
+            entries += [(name + "_op", name, g, True) for name, g in groups.items()]
+        for name, base, g, use_op in entries:
             be = g._get_backend(torch.device("cuda"))
             if use_op:
                 ar = lambda g=g: torch.ops.tilecomm.all_reduce_(x, "sum", g.group_name)  # noqa: E731
@@ -161,13 +162,13 @@ def _rank(rank, world, args):
             else:
                 ar = lambda g=g: dist.all_reduce(x, group=g)  # noqa: E731
                 ag = lambda g=g: dist.all_gather_into_tensor(gout, x, group=g)  # noqa: E731
-            if eager(name.removesuffix("_op")):
+            if eager(base):
                 row[f"all_reduce:{name}:eager"] = _try(lambda: _eager(ar, calls, reps, barrier))
             row[f"all_reduce:{name}:graph"] = _try(lambda: _graph(ar, calls, reps, barrier))
             kernels[f"all_reduce:{name}"] = be.cuda_last_kernel() or "staged"
             memory[name] = be.cuda_topology()["transport"]
-            if name.removeprefix("hm_").removesuffix("_op") in GATHER:
-                if eager(name.removesuffix("_op")):
+            if base.removeprefix("hm_") in GATHER:
+                if eager(base):
                     row[f"all_gather:{name}:eager"] = _try(lambda: _eager(ag, calls, reps, barrier))
                 if nbytes <= LL_MAX_BYTES:  # larger ones are staged, which cannot be captured
                     row[f"all_gather:{name}:graph"] = _try(lambda: _graph(ag, calls, reps, barrier))
