@@ -166,7 +166,11 @@ __device__ __forceinline__ void recordFailure(const CallArgs& a, int peer, uint6
 
 /// Note [GPU watchdog]: whether a wait that started at `start` must give up (timeout, or the
 /// host saw a peer die); records why. Called every few hundred polls: it reads host memory.
+/// Once any wait of this rank has failed (the group has failed), every other gives up too,
+/// without a record: a kernel whose blocks were not all resident at once, or a call queued behind
+/// the failed one, would otherwise wait out a timeout of its own, wave after wave.
 __device__ __forceinline__ bool waitFailed(const CallArgs& a, int peer, uint64_t seq, uint64_t start) {
+  if (*reinterpret_cast<volatile unsigned int*>(&a.err->claimed) != 0u) return true;
   const unsigned int dead = *reinterpret_cast<volatile unsigned int*>(&a.err->dead_ranks);
   const uint64_t waited = globalTimer() - start;
   if (dead != 0) {

@@ -7,7 +7,8 @@ rank (the CPU oracle), then serves cases: ``gpu_cases.<name>(rank, world,
 gloo, **kwargs)`` on every rank, returning each rank's result or raising
 :class:`CaseFailure` with every failing rank's traceback. Switching the
 ``TILECOMM_*`` environment re-creates the groups in the same processes. Every
-wait is bounded; a pool that failed is killed and replaced.
+wait is bounded; a pool that failed is killed and replaced, after its workers
+that did not answer have reported their Python stacks and thread states.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from __future__ import annotations
 import faulthandler
 import multiprocessing as mp
 import os
+import signal
 import socket
 import sys
+import tempfile
 import time
 import traceback
 from multiprocessing.connection import wait as mp_wait
@@ -24,7 +27,7 @@ from multiprocessing.connection import wait as mp_wait
 HERE = os.path.dirname(os.path.abspath(__file__))
 CASE_TIMEOUT_S = float(os.environ.get("TILECOMM_TEST_CASE_TIMEOUT", "300"))
 START_TIMEOUT_S = float(os.environ.get("TILECOMM_TEST_START_TIMEOUT", "240"))
-GROUP_TIMEOUT_S = 120.0
+GROUP_TIMEOUT_S = float(os.environ.get("TILECOMM_TEST_GROUP_TIMEOUT", "120"))
 
 
 class CaseFailure(AssertionError):
@@ -91,8 +94,35 @@ def _init_groups(rank, world, port, env):
     return dist.new_group(backend="gloo", timeout=timeout)
 
 
+def _stack_file(pid: int) -> str:
+    return os.path.join(tempfile.gettempdir(), f"tilecomm-gpu-worker-{pid}.stacks")
+
+
+def _thread_states(pid: int) -> str:
+    """Each thread's name, scheduler state and kernel wait channel (Linux), for a worker that hangs."""
+    lines = []
+    try:
+        for tid in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
+            base = f"/proc/{pid}/task/{tid}"
+            try:
+                with open(f"{base}/stat") as f:
+                    stat = f.read()
+                with open(f"{base}/wchan") as f:
+                    wchan = f.read().strip()
+            except OSError:
+                continue
+            name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:]
+            lines.append(f"{tid} {name} {rest.split()[0]} {wchan}")
+    except OSError as e:
+        return f"(no threads: {e})\n"
+    return "threads (tid name state wchan):\n" + "\n".join(lines) + "\n"
+
+
 def _worker(rank, world, port, env, conn):
     faulthandler.enable()  # a crash in a worker shows where it happened
+    # a worker that does not answer in time is asked where it is (Pool._expect)
+    stacks = open(_stack_file(os.getpid()), "w")
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     if HERE not in sys.path:
         sys.path.insert(0, HERE)
     try:
@@ -173,6 +203,7 @@ class Pool:
     def _expect(self, replies, kind, what):
         bad = [r for r, m in enumerate(replies) if m[0] != kind]
         if bad:
+            self._where(replies)
             self.kill()
             raise CaseFailure(f"{what} failed on ranks {bad} of {self.world} (env {self.env}):\n"
                               + "\n".join(f"--- rank {r}: {replies[r][0]}: {replies[r][1]}" for r in bad))
@@ -200,12 +231,33 @@ class Pool:
             _collect(self.conns, self.procs, 60.0)
         self.kill()
 
+    def _where(self, replies) -> None:
+        """Appends the Python stacks of the workers that did not answer to their replies."""
+        silent = [r for r, m in enumerate(replies) if m[0] == "timeout" and self.procs[r].is_alive()]
+        if not silent:
+            return
+        for r in silent:
+            os.kill(self.procs[r].pid, signal.SIGUSR1)
+        time.sleep(1.0)
+        for r in silent:
+            try:
+                with open(_stack_file(self.procs[r].pid)) as f:
+                    stacks = f.read()
+            except OSError as e:
+                stacks = f"(no stacks: {e})"
+            stacks += _thread_states(self.procs[r].pid)
+            replies[r] = (replies[r][0], f"{replies[r][1]}; its threads:\n{stacks[-4000:]}")
+
     def kill(self) -> None:
         self.broken = True
         for p in self.procs:
             if p.is_alive():
                 p.kill()
             p.join(10)
+            try:
+                os.unlink(_stack_file(p.pid))
+            except OSError:
+                pass
 
 
 class Pools:
