@@ -420,7 +420,41 @@ def graph_replay(rank, world, gloo, replays, sizes=(1, 7, 1031, 65543)):
     finish()
 
 
-def operators(rank, world, gloo, sizes=(0, 1, 1031, 65543, 1 << 20)):
+SEQUENCE_SIZES = (0, 1, 1031, 65543, 1 << 20)
+SEQUENCE_CALLS = ((torch.float32, "sum"), (torch.bfloat16, "max"), (torch.int32, "bxor"), (torch.float16, "avg"),
+                  (torch.int64, "product"))
+
+
+def _paired_all_reduces(rank, world, gloo, sizes, first, how):
+    """For each (dtype, op) of SEQUENCE_CALLS and each size: `first(src, op)` all-reduces a copy of
+    this rank's data and returns it; the result must be the closed form, the same bits as a second
+    call through dist.all_reduce, and the same on every rank. So every size runs twice in a row, each
+    of its kernels (LL, one_shot, two_shot by size) after the previous size's."""
+    d = dev()
+    for dt, op in SEQUENCE_CALLS:
+        for n in sizes:
+            what = f"{how} {op} {dt} n={n}"
+            src = data(rank, n, dt, op).to(d)
+            x = first(src, op)
+            check_equal(x, closed_form(world, n, dt, op), what)
+            y = src.clone()
+            dist.all_reduce(y, op=reduce_op(op))
+            check(torch.equal(x, y), f"{what}: differs from dist.all_reduce")
+            identical(gloo, x, what)
+
+
+def allreduce_sequence(rank, world, gloo, sizes=SEQUENCE_SIZES):
+    """dist.all_reduce over sizes that take each direct kernel in turn, every size twice."""
+    def first(src, op):
+        x = src.clone()
+        dist.all_reduce(x, op=reduce_op(op))
+        return x
+
+    _paired_all_reduces(rank, world, gloo, sizes, first, "all_reduce")
+    finish()
+
+
+def operators(rank, world, gloo, sizes=SEQUENCE_SIZES):
     """torch.ops.tilecomm's collectives on CUDA tensors (Note [Operators]): closed form, the same
     bits as dist.all_reduce / dist.all_gather_into_tensor of the group, ordered after a late write
     on the caller's current stream without a synchronize, complex as its real view, and replayed
@@ -430,23 +464,18 @@ def operators(rank, world, gloo, sizes=(0, 1, 1031, 65543, 1 << 20)):
     d = dev()
     name = dist.group.WORLD.group_name
     side = torch.cuda.Stream()
-    for dt, op in [(torch.float32, "sum"), (torch.bfloat16, "max"), (torch.int32, "bxor"), (torch.float16, "avg"),
-                   (torch.int64, "product")]:
-        for n in sizes:
-            what = f"op all_reduce_ {op} {dt} n={n}"
-            src = data(rank, n, dt, op).to(d)
-            x = torch.full_like(src, 3)  # stale contents, overwritten on `side` only
-            y = src.clone()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):  # the caller's current stream: the op must run after its writes
-                torch.cuda._sleep(1_000_000)  # a late writer
-                x.copy_(src)
-                torch.ops.tilecomm.all_reduce_(x, op, name)
-            torch.cuda.current_stream().wait_stream(side)
-            check_equal(x, closed_form(world, n, dt, op), what)
-            dist.all_reduce(y, op=reduce_op(op))
-            check(torch.equal(x, y), f"{what}: differs from dist.all_reduce")
-            identical(gloo, x, what)
+
+    def first(src, op):
+        x = torch.full_like(src, 3)  # stale contents, overwritten on `side` only
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # the caller's current stream: the op must run after its writes
+            torch.cuda._sleep(1_000_000)  # a late writer
+            x.copy_(src)
+            torch.ops.tilecomm.all_reduce_(x, op, name)
+        torch.cuda.current_stream().wait_stream(side)
+        return x
+
+    _paired_all_reduces(rank, world, gloo, sizes, first, "op all_reduce_")
     for n in sizes:
         what = f"op all_gather n={n}"
         x = data(rank, n, torch.float16, "sum").to(d)

@@ -211,6 +211,14 @@ def test_stream_semantics(pools, world, config):
         pools.run(world, CONFIGS[config], "streams", n=n, direct=config != "staged")
 
 
+# ipc_2m: two-shot pieces of 2 MiB, so a 4 MiB all_reduce launches two grids of half the blocks.
+@pytest.mark.parametrize("config", ["auto", "ipc_2m"])
+@pytest.mark.parametrize("world", WORLDS)
+def test_allreduce_sequence(pools, world, config):
+    env = {"TILECOMM_CUDA_IPC_BYTES": str(2 << 20)} if config == "ipc_2m" else {}
+    pools.run(world, env, "allreduce_sequence")
+
+
 @pytest.mark.parametrize("config", ["auto", "ll", "host_mapped"])
 @pytest.mark.parametrize("world", WORLDS)
 def test_operators(pools, world, config):
