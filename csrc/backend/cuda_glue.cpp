@@ -427,7 +427,15 @@ bool CudaGroup::tryMemory(cuda::PeerMemory m) {
     return false;
   }
   ipc_->unlinkOwn();  // every peer has opened it
+  ipc_->agreeBudget(leastOf(key + "budget/", ipc_->blockBudget()));
   return true;
+}
+
+int CudaGroup::leastOf(const std::string& key, int mine) {
+  store_->set(key + std::to_string(rank_), toBytes(std::to_string(mine)));
+  int least = mine;
+  for (int r = 0; r < world_; ++r) least = std::min(least, std::stoi(fromBytes(store_->get(key + std::to_string(r)))));
+  return least;
 }
 
 void CudaGroup::setUpPrograms() {
@@ -546,6 +554,7 @@ bool CudaGroup::setUpNvshmemOnce() {
     cuda::nvshmem::barrierAll();
     why = agree("area", mine);
     if (why.empty()) {
+      t->agreeBudget(leastOf(key + "budget/", t->blockBudget()));
       // Kernel stores need a peer address of every rank's area on every rank; else every rank
       // moves data with put-with-signal.
       nvs_direct_ = settings_.nvshmem_data == "auto" &&

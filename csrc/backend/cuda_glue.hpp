@@ -403,6 +403,8 @@ class CudaGroup {
   void releasePeers();
   /// One attempt of setUpIpc with areas of kind m; false (and ipc_why_ extended) if any rank failed.
   bool tryMemory(cuda::PeerMemory m);
+  /// The smallest of every rank's `mine`, exchanged under `key` (a collective step).
+  int leastOf(const std::string& key, int mine);
   void watchLoop();
   /// LL capacity of the transport: the largest message the LL kernels may carry (0: no LL).
   uint64_t llLimit() const;

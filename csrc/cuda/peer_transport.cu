@@ -21,6 +21,9 @@ namespace {
 // CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = pct, the SM count a process sees is already its share
 // (pct % of the GPU); the whole GPU is sms x 100 / pct, and world ranks may take that / world
 // each, never more than their own share. Without the variable a process sees the whole GPU.
+// Ranks whose shares differ (another percentage, another GPU model) get different budgets here;
+// the group then takes the smallest (PeerTransport::agreeBudget), since a grid that differs
+// between ranks would pair blocks that cover different vectors.
 int blockBudgetFor(int sms, int world, const char* mps_percentage) {
   double pct = mps_percentage ? std::atof(mps_percentage) : 100.0;
   if (!(pct > 0.0 && pct <= 100.0)) pct = 100.0;

@@ -223,6 +223,9 @@ class PeerTransport {
   /// must all be resident at once when they share a GPU, so together they take at most one block
   /// per SM.
   int blockBudget() const { return block_budget_; }
+  /// Lowers the budget to `agreed`, the smallest of the ranks' (the simple and block kernels' grids,
+  /// and which kernels run, depend on it, so every rank must use the same: Note [Block budget]).
+  void agreeBudget(int agreed) { block_budget_ = std::max(1, std::min(block_budget_, agreed)); }
   /// The same for a kernel whose launch bounds keep two blocks resident per SM (kThreads, 2): two
   /// per SM of the budget, twice the loads in flight for the copy-bound kernels.
   int doubleBudget() const { return std::min(kMaxBlocks, 2 * block_budget_); }
