@@ -25,8 +25,7 @@ struct AllToAllCall {
 /// Whether the kernel can run over `t`: the transport has the executor's region (cuda_ipc,
 /// host_mapped), and its 2 x world - 1 lanes (the own block's copy, a send and a receive per
 /// peer), each at least one thread block, fit the block budget (Note [Block budget]). The same
-/// answer on every rank where the ranks' budgets are (GPUs of one model, one MPS share each), as
-/// the direct kernels' grids already assume.
+/// answer on every rank: the group agrees on one budget when the transport comes up.
 bool allToAllFits(const PeerTransport& t);
 
 /// Enqueues the all_to_all on `stream`; requires allToAllFits(t). `tag` names the call (peers'

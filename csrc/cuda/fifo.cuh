@@ -51,6 +51,7 @@ __device__ inline bool waitAtLeast(const FifoArgs& a, const uint64_t* p, uint64_
     if (load() >= want) return true;
     if (polls > 64) __nanosleep(64);
     if (polls % 256 == 0) {
+      if (*reinterpret_cast<volatile unsigned int*>(&a.err->claimed) != 0u) return false;
       if (waitFailed(a, peer, seq, start)) return false;
     }
   }

@@ -164,13 +164,18 @@ __device__ __forceinline__ void recordFailure(const CallArgs& a, int peer, uint6
   atomicExch_system(&a.err->ready, 1u);
 }
 
-/// Note [GPU watchdog]: whether a wait that started at `start` must give up (timeout, or the
-/// host saw a peer die); records why. Called every few hundred polls: it reads host memory.
-/// Once any wait of this rank has failed (the group has failed), every other gives up too,
-/// without a record: a kernel whose blocks were not all resident at once, or a call queued behind
-/// the failed one, would otherwise wait out a timeout of its own, wave after wave.
+/// Note [GPU watchdog]: whether a wait of call `seq` that started at `start` must give up (timeout,
+/// or the host saw a peer die); records why. Called every few hundred polls: it reads host memory.
+/// Once a wait of the call has failed, the call's other waits give up too, without a record: blocks
+/// that became resident only after others had waited (too many for the GPU at once) would each
+/// wait out a timeout of their own, wave after wave. Later calls still wait theirs: one that gave
+/// up at once could go on to overwrite a staging buffer that a healthy peer is still reading
+/// (Note [Staging parity]).
 __device__ __forceinline__ bool waitFailed(const CallArgs& a, int peer, uint64_t seq, uint64_t start) {
-  if (*reinterpret_cast<volatile unsigned int*>(&a.err->claimed) != 0u) return true;
+  if (*reinterpret_cast<volatile unsigned int*>(&a.err->ready) != 0u) {
+    __threadfence_system();  // the record's fields were written before `ready`
+    if (*reinterpret_cast<volatile unsigned long long*>(&a.err->seq) == seq) return true;
+  }
   const unsigned int dead = *reinterpret_cast<volatile unsigned int*>(&a.err->dead_ranks);
   const uint64_t waited = globalTimer() - start;
   if (dead != 0) {

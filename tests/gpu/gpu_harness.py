@@ -203,7 +203,10 @@ class Pool:
     def _expect(self, replies, kind, what):
         bad = [r for r, m in enumerate(replies) if m[0] != kind]
         if bad:
-            self._where(replies)
+            try:
+                self._where(replies)
+            except Exception as e:  # the failure is reported either way
+                replies[bad[0]] = (replies[bad[0]][0], f"{replies[bad[0]][1]} (no stacks: {e})")
             self.kill()
             raise CaseFailure(f"{what} failed on ranks {bad} of {self.world} (env {self.env}):\n"
                               + "\n".join(f"--- rank {r}: {replies[r][0]}: {replies[r][1]}" for r in bad))
@@ -237,7 +240,10 @@ class Pool:
         if not silent:
             return
         for r in silent:
-            os.kill(self.procs[r].pid, signal.SIGUSR1)
+            try:
+                os.kill(self.procs[r].pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
         time.sleep(1.0)
         for r in silent:
             try:
