@@ -226,9 +226,19 @@ std::string PeerTransport::errorText() const {
   if (e->reason == static_cast<int>(WaitFailure::kMismatch))
     return "collective mismatch on the GPU: rank " + peer + " sent rank " + std::to_string(rank_) +
            " data of another collective, size or algorithm in " + what;
+  // Where it waited, and what it last read there (Note [Flags], Note [LL lines]).
+  std::string where = " (thread block " + std::to_string(e->block);
+  const unsigned long long seen = e->seen;
+  if (e->seen_kind == static_cast<int>(Seen::kFlag))
+    where += ": rank " + peer + "'s flag there " +
+             (seen == 0 ? std::string("was never raised") : "still said #" + std::to_string(seen));
+  else if (e->seen_kind == static_cast<int>(Seen::kLLFlag))
+    where += ": rank " + peer + "'s line there " +
+             (seen == 0 ? std::string("was never written") : "still carried #" + std::to_string(seen - 1) + "'s flag");
+  where += ")";
   return "rank " + std::to_string(rank_) + " timed out on the GPU after " + std::to_string(e->waited_ns / 1000000) +
          " ms waiting for rank " + peer + " in " + what + "; rank " + peer +
-         " did not arrive: it died, hangs, or called a different collective";
+         " did not arrive: it died, hangs, or called a different collective" + where;
 }
 
 }  // namespace tilecomm::cuda

@@ -83,6 +83,13 @@ enum class WaitFailure : int {
   kMismatch,  // the schedule executor met a peer's slice of another call (Note [Schedule executor])
 };
 
+/// What a failed wait last read where it waited (KernelError::seen).
+enum class Seen : int {
+  kNothing = 0,  // not recorded (FIFO words, a dead peer)
+  kFlag,         // a peer's flag: the last call whose phase it announced (Note [Flags])
+  kLLFlag,       // a peer's LL line: its flag word, llFlag of the call that wrote it (0: never written)
+};
+
 /// Written by a kernel whose wait failed (in mapped pinned host memory), and the host's
 /// watchdog word that makes waits give up (Note [GPU watchdog]).
 struct KernelError {
@@ -95,6 +102,9 @@ struct KernelError {
   unsigned long long launch;  // the host's launch id of the kernel (frozen in a CUDA graph)
   unsigned long long waited_ns;
   unsigned int dead_ranks;  // written by the host: bit r set once rank r's process exited
+  int block;                // the thread block whose wait failed
+  int seen_kind;            // Seen
+  unsigned long long seen;  // what that wait last read (seen_kind says what it is)
 };
 
 /// This rank's call counter (Note [Device sequence]); only its own kernels touch it.

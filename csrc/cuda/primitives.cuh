@@ -150,10 +150,14 @@ __device__ __forceinline__ void endCall(const CallArgs& a, const Call& c) {
   }
 }
 
-/// Records the first failed wait (which rank, which call, why) for the host.
+/// Records the first failed wait (which rank, which call, why, which block and what it last read)
+/// for the host.
 __device__ __forceinline__ void recordFailure(const CallArgs& a, int peer, uint64_t seq, uint64_t waited,
-                                              WaitFailure why) {
+                                              WaitFailure why, Seen kind = Seen::kNothing, uint64_t seen = 0) {
   if (atomicCAS_system(&a.err->claimed, 0u, 1u) != 0u) return;
+  a.err->block = static_cast<int>(blockIdx.x);
+  a.err->seen_kind = static_cast<int>(kind);
+  a.err->seen = seen;
   a.err->peer = peer;
   a.err->kind = static_cast<int>(a.kind);
   a.err->reason = static_cast<int>(why);
@@ -171,7 +175,8 @@ __device__ __forceinline__ void recordFailure(const CallArgs& a, int peer, uint6
 /// wait out a timeout of their own, wave after wave. Later calls still wait theirs: one that gave
 /// up at once could go on to overwrite a staging buffer that a healthy peer is still reading
 /// (Note [Staging parity]).
-__device__ __forceinline__ bool waitFailed(const CallArgs& a, int peer, uint64_t seq, uint64_t start) {
+__device__ __forceinline__ bool waitFailed(const CallArgs& a, int peer, uint64_t seq, uint64_t start,
+                                           Seen kind = Seen::kNothing, uint64_t seen = 0) {
   if (*reinterpret_cast<volatile unsigned int*>(&a.err->ready) != 0u) {
     __threadfence_system();  // the record's fields were written before `ready`
     if (*reinterpret_cast<volatile unsigned long long*>(&a.err->seq) == seq) return true;
@@ -183,7 +188,7 @@ __device__ __forceinline__ bool waitFailed(const CallArgs& a, int peer, uint64_t
     return true;
   }
   if (waited > a.timeout_ns) {
-    recordFailure(a, peer, seq, waited, WaitFailure::kTimeout);
+    recordFailure(a, peer, seq, waited, WaitFailure::kTimeout, kind, seen);
     return true;
   }
   return false;
@@ -208,10 +213,11 @@ __device__ __forceinline__ bool waitEach(const CallArgs& a, uint64_t seq, FlagFo
     const uint64_t* f = flagFor(q);
     const uint64_t start = globalTimer();
     uint32_t polls = 0;
-    while (loadAcquire(f) < seq) {
+    uint64_t v;
+    while ((v = loadAcquire(f)) < seq) {
       if (++polls > 256) {
         __nanosleep(100);
-        if (polls % 256 == 0 && waitFailed(a, q, seq, start)) {
+        if (polls % 256 == 0 && waitFailed(a, q, seq, start, Seen::kFlag, v)) {
           failed = 1;
           break;
         }
@@ -348,8 +354,12 @@ __device__ __forceinline__ bool llRecvBatch(const CallArgs& a, char* own, uint64
       }
     }
     if (pending != 0 && polls % 1024 == 0) {
+      uint32_t seen = 0;  // the first pending peer's line's flag word (constant indices: registers)
+#pragma unroll
+      for (int i = kLLBatch - 1; i >= 0; --i)
+        if (pending >> i & 1u) seen = p0[i].y;
       if (start == 0) start = globalTimer();
-      else if (waitFailed(a, q0 + __ffs(static_cast<int>(pending)) - 1, seq, start)) return false;
+      else if (waitFailed(a, q0 + __ffs(static_cast<int>(pending)) - 1, seq, start, Seen::kLLFlag, seen)) return false;
     }
   }
   return true;
