@@ -1118,6 +1118,24 @@ def spawn_free_after_destroy(rank, world, port):
     return ok
 
 
+def spawn_allreduce_sequence(rank, world, port, timeout_s=60.0):
+    """allreduce_sequence in fresh processes, e.g. without MPS (the ranks' kernels then time-slice
+    the GPU instead of running side by side)."""
+    from datetime import timedelta
+
+    import tilecomm  # noqa: F401
+
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    timeout = timedelta(seconds=timeout_s)
+    dist.init_process_group("tilecomm", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}",
+                            timeout=timeout)
+    gloo = dist.new_group(backend="gloo", timeout=timeout)
+    allreduce_sequence(rank, world, gloo)
+    torch.cuda.synchronize()
+    dist.destroy_process_group()
+    return True
+
+
 def spawn_p2p_then_destroy(rank, world, port, timeout_s=60.0):
     """Rank 1 receives a CUDA tensor and destroys its group at once, while the copy behind its
     receive may still be on the GPU: rank 0's blocking send must still get its reply (Note [Direct

@@ -219,6 +219,14 @@ def test_allreduce_sequence(pools, world, config):
     pools.run(world, env, "allreduce_sequence")
 
 
+@pytest.mark.parametrize("world", WORLDS)
+def test_allreduce_sequence_without_mps(world):
+    """The same sequence with the ranks' kernels time-slicing the GPU (no MPS daemon for them)."""
+    env = {"CUDA_MPS_PIPE_DIRECTORY": "/nonexistent/tilecomm-no-mps"}
+    out = gpu_harness.spawn_ranks(world, "spawn_allreduce_sequence", env, timeout=300.0)
+    assert all(status == "ok" for status, _ in out), out
+
+
 @pytest.mark.parametrize("config", ["auto", "ll", "host_mapped"])
 @pytest.mark.parametrize("world", WORLDS)
 def test_operators(pools, world, config):
