@@ -368,9 +368,7 @@ bool CudaGroup::setUpIpc() {
   char bus[32] = {0};
   const std::string mine =
       cudaDeviceGetPCIBusId(bus, sizeof(bus), device_->index()) == cudaSuccess ? canonicalBusId(bus) : "";
-  store_->set(key + "device/" + std::to_string(rank_), toBytes(mine));
-  topo_.devices.clear();
-  for (int r = 0; r < world_; ++r) topo_.devices.push_back(fromBytes(store_->get(key + "device/" + std::to_string(r))));
+  topo_.devices = everyRank(key + "device/", mine);
   bool no_peer_access = false;
   bool one_gpu = true;  // every pair shares one GPU (Note [Fence scope] in cuda/primitives.cuh)
   topo_.links.assign(world_, std::vector<std::string>(world_));
@@ -411,16 +409,9 @@ bool CudaGroup::tryMemory(cuda::PeerMemory m) {
     why = e.what();
   }
   const std::string key = prefix_ + "cuda_peers/" + cuda::peerMemoryName(m) + "/";
-  store_->set(key + "handle/" + std::to_string(rank_), toBytes(mine));
-  std::vector<std::string> handles;
-  for (int r = 0; r < world_; ++r) handles.push_back(fromBytes(store_->get(key + "handle/" + std::to_string(r))));
+  const std::vector<std::string> handles = everyRank(key + "handle/", mine);
   if (why.empty()) why = ipc_->open(handles);
-  store_->set(key + "ok/" + std::to_string(rank_), toBytes(why.empty() ? "ok" : why));
-  std::string failed;
-  for (int r = 0; r < world_; ++r) {
-    std::string v = fromBytes(store_->get(key + "ok/" + std::to_string(r)));
-    if (v != "ok" && failed.empty()) failed = "rank " + std::to_string(r) + ": " + v;
-  }
+  const std::string failed = firstFailure(key + "ok/", why);
   if (!failed.empty()) {
     ipc_why_ += std::string(ipc_why_.empty() ? "" : "; ") + cuda::peerMemoryName(m) + ": " + failed;
     ipc_.reset();
@@ -431,10 +422,23 @@ bool CudaGroup::tryMemory(cuda::PeerMemory m) {
   return true;
 }
 
+std::vector<std::string> CudaGroup::everyRank(const std::string& key, const std::string& mine) {
+  store_->set(key + std::to_string(rank_), toBytes(mine));
+  std::vector<std::string> all;
+  for (int r = 0; r < world_; ++r) all.push_back(fromBytes(store_->get(key + std::to_string(r))));
+  return all;
+}
+
+std::string CudaGroup::firstFailure(const std::string& key, const std::string& why) {
+  const std::vector<std::string> all = everyRank(key, why.empty() ? "ok" : why);
+  for (int r = 0; r < world_; ++r)
+    if (all[r] != "ok") return "rank " + std::to_string(r) + ": " + all[r];
+  return "";
+}
+
 int CudaGroup::leastOf(const std::string& key, int mine) {
-  store_->set(key + std::to_string(rank_), toBytes(std::to_string(mine)));
   int least = mine;
-  for (int r = 0; r < world_; ++r) least = std::min(least, std::stoi(fromBytes(store_->get(key + std::to_string(r)))));
+  for (const std::string& v : everyRank(key, std::to_string(mine))) least = std::min(least, std::stoi(v));
   return least;
 }
 
@@ -456,10 +460,8 @@ void CudaGroup::setUpPrograms() {
     ids += std::to_string(id) + ",";
   }
   const std::string key = prefix_ + "cuda_peers/programs/";
-  store_->set(key + std::to_string(rank_), toBytes(ids));
   std::map<uint16_t, int> listed;
-  for (int r = 0; r < world_; ++r) {
-    const std::string v = fromBytes(store_->get(key + std::to_string(r)));
+  for (const std::string& v : everyRank(key, ids)) {
     for (size_t at = 0, comma; (comma = v.find(',', at)) != std::string::npos; at = comma + 1)
       ++listed[static_cast<uint16_t>(std::stoi(v.substr(at, comma - at)))];
   }
@@ -524,14 +526,7 @@ bool CudaGroup::setUpNvshmemOnce() {
   // rank will not make (a library that loads on one rank only, an init that fails on one).
   std::lock_guard<std::mutex> collectives(g_nvshmem_collectives);
   const std::string key = prefix_ + "nvshmem/";
-  auto agree = [&](const std::string& step, std::string why) {
-    store_->set(key + step + "/" + std::to_string(rank_), toBytes(why.empty() ? "ok" : why));
-    for (int r = 0; r < world_; ++r) {
-      std::string v = fromBytes(store_->get(key + step + "/" + std::to_string(r)));
-      if (v != "ok") return "rank " + std::to_string(r) + ": " + v;
-    }
-    return std::string();
-  };
+  auto agree = [&](const std::string& step, const std::string& why) { return firstFailure(key + step + "/", why); };
   std::string why = settings_.nvshmem_lib.empty() ? settings_.nvshmem_why : cuda::nvshmem::load(settings_.nvshmem_lib);
   if (rank_ == 0)  // a process that initialised NVSHMEM already needs no new id
     store_->set(key + "uid", toBytes(why.empty() && cuda::nvshmem::myPe() < 0 ? cuda::nvshmem::uniqueId() : ""));

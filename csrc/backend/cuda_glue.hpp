@@ -403,7 +403,12 @@ class CudaGroup {
   void releasePeers();
   /// One attempt of setUpIpc with areas of kind m; false (and ipc_why_ extended) if any rank failed.
   bool tryMemory(cuda::PeerMemory m);
-  /// The smallest of every rank's `mine`, exchanged under `key` (a collective step).
+  /// Every rank's value under `key` (this rank's is `mine`), exchanged through the Store: a
+  /// collective step, each rank in the same task.
+  std::vector<std::string> everyRank(const std::string& key, const std::string& mine);
+  /// "" where every rank's `why` under `key` is empty, else "rank r: <why>" of the first that is not.
+  std::string firstFailure(const std::string& key, const std::string& why);
+  /// The smallest of every rank's `mine` under `key`.
   int leastOf(const std::string& key, int mine);
   void watchLoop();
   /// LL capacity of the transport: the largest message the LL kernels may carry (0: no LL).

@@ -143,7 +143,6 @@ void noGrad(std::initializer_list<const at::Tensor*> ts, const char* op) {
                       "torch.no_grad() or on a detached tensor");
 }
 
-
 }  // namespace
 
 TORCH_LIBRARY(tilecomm, m) {
