@@ -34,15 +34,15 @@ uint64_t allReduceDirect(DirectAlgo algo, PeerTransport& t, void* data, uint64_t
   a.data = static_cast<char*>(data);
   a.nbytes = nbytes;
   // NOTE: the grid depends on nbytes only, so every rank's block b covers the same vectors
-  // and waits on the same flags; the budget keeps all ranks' kernels resident at once (the
-  // simple kernels keep two blocks per SM: twice the loads in flight; their threads move
-  // kUnroll vectors per loop). LL threads carry one vector each (Note [LL grid]).
+  // and waits on the same flags; the budget keeps all ranks' kernels resident at once (Note
+  // [Block budget]; the simple kernels' threads move kUnroll vectors per loop). LL threads
+  // carry one vector each (Note [LL grid]).
   const uint64_t nvec = (nbytes + 15) / 16;
   if (ll) {
     launchOneShotLL(a, llGrid(nvec, t.blockBudget(), t.memory()), dtype, op, stream);
   } else {
     const uint64_t per_block = 4 * kUnroll * kThreads;
-    const int blocks = static_cast<int>(std::clamp<uint64_t>((nvec + per_block - 1) / per_block, 1, t.doubleBudget()));
+    const int blocks = static_cast<int>(std::clamp<uint64_t>((nvec + per_block - 1) / per_block, 1, t.blockBudget()));
     if (algo == DirectAlgo::kOneShot) launchOneShot(a, blocks, dtype, op, stream);
     else launchTwoShot(a, blocks, dtype, op, stream);
   }

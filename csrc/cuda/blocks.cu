@@ -25,10 +25,10 @@ const char* blockAlgoName(BlockAlgo a) {
 namespace {
 /// Thread blocks of a kernel whose walk spans `span` bytes (all_reduce: of each part; Note [Grid walk]).
 // NOTE: the grid depends on the size only, so every rank's block b covers the same vectors and
-// raises and waits on the same flags; doubleBudget() keeps all ranks' kernels resident.
+// raises and waits on the same flags; the budget keeps all ranks' kernels resident.
 int gridFor(const PeerTransport& t, uint64_t span) {
   const uint64_t per_block = 16 * 4 * kUnroll * kThreads;
-  return static_cast<int>(std::clamp<uint64_t>((span + per_block - 1) / per_block, 1, t.doubleBudget()));
+  return static_cast<int>(std::clamp<uint64_t>((span + per_block - 1) / per_block, 1, t.blockBudget()));
 }
 
 void checkLaunch(const char* what) {

@@ -17,7 +17,12 @@ namespace tilecomm::cuda {
 namespace {
 
 // Note [Block budget]: the ranks' spinning kernels must all be resident at once, so the ranks
-// sharing a GPU may take one block per SM of it between them. Under MPS with
+// sharing a GPU may take one block per SM of it between them, every kernel alike. The simple
+// kernels' launch bounds would let two of their blocks share an SM, and for a while they
+// launched twice the budget: the ranks' grids then needed nearly every block slot of the GPU
+// (a 4 MiB two-shot at 8 ranks on one H200: 8 x 32 blocks for 264 slots), and with other small
+// kernels of the ranks around the calls, blocks waited for peer blocks that never became
+// resident (docs/benchmarks.md). At one block per SM half the slots stay free. Under MPS with
 // CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = pct, the SM count a process sees is already its share
 // (pct % of the GPU); the whole GPU is sms x 100 / pct, and world ranks may take that / world
 // each, never more than their own share. Without the variable a process sees the whole GPU.

@@ -236,9 +236,6 @@ class PeerTransport {
   /// Lowers the budget to `agreed`, the smallest of the ranks' (the simple and block kernels' grids,
   /// and which kernels run, depend on it, so every rank must use the same: Note [Block budget]).
   void agreeBudget(int agreed) { block_budget_ = std::max(1, std::min(block_budget_, agreed)); }
-  /// The same for a kernel whose launch bounds keep two blocks resident per SM (kThreads, 2): two
-  /// per SM of the budget, twice the loads in flight for the copy-bound kernels.
-  int doubleBudget() const { return std::min(kMaxBlocks, 2 * block_budget_); }
   const PeerTable& peers() const { return peers_; }
   /// Note [Fence scope]: whether every rank's area is memory of this rank's own GPU (cuda_ipc, all
   /// ranks on one GPU), so that the kernels publish to peers with GPU-scope fences.
