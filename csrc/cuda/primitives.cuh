@@ -313,9 +313,10 @@ inline LLGrid llGrid(uint64_t nvec, int budget, PeerMemory memory) {
 /// lines together (one round trip for all of them), then polls again only those not yet arrived.
 /// Four peers' lines (two 16-byte lines each) stay in registers in the LL kernels, which launch at
 /// most one block per SM of the budget (Note [Block budget]) and so may take up to 128 registers a
-/// thread (a full block of kThreads then fills an SM's register file, leaving no room beside it
-/// for other kernels' blocks: a small LL call waits for that room, it cannot deadlock on it); at
-/// eight ranks a vector takes two round trips.
+/// thread; at eight ranks a vector takes two round trips. NOTE: a full block of kThreads then fills
+/// an SM's register file, so the ranks' LL grids at the full budget need every SM to themselves,
+/// the demand at which the simple kernels' doubled grids were seen to hang at eight ranks (the
+/// LL tests at eight ranks pass; docs/benchmarks.md, "One block per SM again").
 constexpr int kLLBatch = 4;
 
 /// Waits for vector v from ranks q0 .. q0 + kLLBatch - 1 (those below world) and puts it into

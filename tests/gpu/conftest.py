@@ -37,7 +37,13 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_runtest_logreport(report):
     """Prints a failure's report as soon as it happens, not only in the final summary: a later
-    test that hangs until the command's time limit would take the summary with it."""
+    test that hangs until the command's time limit would take the summary with it. With
+    TILECOMM_TEST_DURATIONS set, appends each test's seconds (set-up, call and tear-down) to that
+    file as it ends, so a run cut off by a time limit still tells where its time went."""
+    path = os.environ.get("TILECOMM_TEST_DURATIONS")
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{report.duration:.1f} {report.when} {report.outcome} {report.nodeid}\n")
     if report.failed:
         text = report.longreprtext
         sys.stderr.write(f"\n{report.nodeid} failed ({report.when}):\n{text[-4000:]}\n")
