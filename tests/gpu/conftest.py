@@ -24,15 +24,24 @@ def pools():
 
 
 def pytest_collection_modifyitems(config, items):
-    """Runs the GPU tests grouped by world size (stable), so each world's processes start once."""
-    def world(item):
+    """Runs the GPU tests grouped by world size, so each world's processes start once, and within
+    a world by the name of their configuration (the default first, then stable), so that tests
+    whose pools have the same TILECOMM_* environment mostly follow each other and the pool's
+    groups are re-created less often (a name stands for one environment in most tests; where it
+    does not, the pool re-creates its groups as it would anyway)."""
+    def key(item):
         cs = getattr(item, "callspec", None)
-        w = cs.params.get("world") if cs is not None else None
+        params = cs.params if cs is not None else {}
+        w = params.get("world")
         path = str(getattr(item, "path", "")).replace(os.sep, "/")
-        return (0, w) if isinstance(w, int) and "/tests/gpu/" in path else (1, 0)
+        if not (isinstance(w, int) and "/tests/gpu/" in path):
+            return (1, 0, "")
+        name = str(params.get("config", params.get("memory", "")))
+        name = "" if name in ("auto", "cuda_ipc") else name
+        return (0, w, f"{os.path.basename(path)}:{name}" if name else "")
 
     order = {id(item): pos for pos, item in enumerate(items)}
-    items.sort(key=lambda it: (world(it), order[id(it)]))
+    items.sort(key=lambda it: (key(it), order[id(it)]))
 
 
 def pytest_runtest_logreport(report):

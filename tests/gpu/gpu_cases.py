@@ -1035,9 +1035,10 @@ def ddp_matches_gloo(rank, world, gloo, steps=5):
 
 
 def latency(rank, world, gloo, sizes, iters=200):
-    """Median all_reduce latency (float32) per size in microseconds, CUDA events on the current stream."""
+    """Mean all_reduce latency (float32) per size in microseconds, CUDA events on the current stream,
+    and the kernel each size ran ("" where it was staged)."""
     d = dev()
-    out = {}
+    out, ran = {}, {}
     for nbytes in sizes:
         t = torch.ones(max(1, nbytes // 4), device=d)
         for _ in range(20):
@@ -1051,7 +1052,8 @@ def latency(rank, world, gloo, sizes, iters=200):
         end.record()
         end.synchronize()
         out[nbytes] = start.elapsed_time(end) * 1000 / iters
-    return out
+        ran[nbytes] = backend().cuda_last_kernel()
+    return out, ran
 
 
 # ---------------------------------------------------------------- spawn cases
