@@ -380,10 +380,10 @@ def graph_replay(rank, world, gloo, replays, sizes=(1, 7, 1031, 65543)):
         check_equal(ag_out, want, f"{what}: all_gather_into_tensor")
         for r in range(world):
             check_equal(ls_out[r], data(r, n_list, torch.int64, "sum", salt=k), f"{what}: all_gather [{r}]")
-        want = torch.cat([a2a_blocks(r, world, [13] * world, torch.int32, salt=k)[rank].view(-1) for r in range(world)])
+        want = torch.cat([a2a_block(r, rank, world, 13, torch.int32, salt=k).view(-1) for r in range(world)])
         check_equal(a2a_out, want, f"{what}: all_to_all_single")
-        want = torch.cat([a2a_blocks(r, world, [uneven_rows(r, j, world, 700) for j in range(world)], torch.float64,
-                                     salt=k, width=3)[rank] for r in range(world)])
+        want = torch.cat([a2a_block(r, rank, world, uneven_rows(r, rank, world, 700), torch.float64, salt=k, width=3)
+                          for r in range(world)])
         check_equal(up_out, want, f"{what}: all_to_all_single uneven")
         identical(gloo, torch.cat([t.view(-1).float() for t in (*ar.values(), bf, iv, av, ag_out)]), what)
 
@@ -754,9 +754,14 @@ def bad_input(rank, world, gloo):
 # ---------------------------------------------------------------- all_to_all on the GPU
 
 
+def a2a_block(sender, receiver, world, rows, dt, salt=0, width=1):
+    """The block (`rows` rows of `width`) that `sender` sends `receiver`."""
+    return data(sender * world + receiver, rows * width, dt, salt=salt).view(rows, width)
+
+
 def a2a_blocks(rank, world, rows, dt, salt=0, width=1):
     """Rank `rank`'s input blocks: block j (rows[j] rows of `width`) is what it sends to rank j."""
-    return [data(rank * world + j, rows[j] * width, dt, salt=salt).view(rows[j], width) for j in range(world)]
+    return [a2a_block(rank, j, world, rows[j], dt, salt, width) for j in range(world)]
 
 
 def uneven_rows(sender, receiver, world, big):
@@ -779,7 +784,7 @@ def alltoall_cases(rank, world, gloo, register_from):
 
     for n, off, in_place in ((2_097_152, 0, False), (2_100_001, 1, False), (2_097_153, 0, True)):
         what = f"all_to_all_single large n={n} offset={off} in_place={in_place}"
-        want = torch.cat([a2a_blocks(r, world, [n] * world, torch.float32, salt=1)[rank].view(-1)
+        want = torch.cat([a2a_block(r, rank, world, n, torch.float32, salt=1).view(-1)
                           for r in range(world)])
         src = torch.cat([b.view(-1) for b in a2a_blocks(rank, world, [n] * world, torch.float32, salt=1)])
         buf = torch.full((world * n + off + 1,), -7.0, device=d)
@@ -800,7 +805,7 @@ def alltoall_cases(rank, world, gloo, register_from):
             dst = torch.full_like(src, 3 if not dt.is_complex else 3 + 1j) if n else torch.empty_like(src)
             dist.all_to_all_single(dst, src)
             ran(what, dst.nbytes)
-            want = torch.cat([a2a_blocks(r, world, [n] * world, dt)[rank].view(-1) for r in range(world)])
+            want = torch.cat([a2a_block(r, rank, world, n, dt).view(-1) for r in range(world)])
             check_equal(dst, want, what)
             if n == 1031 and not dt.is_complex:
                 ref = torch.empty_like(want)
@@ -813,7 +818,7 @@ def alltoall_cases(rank, world, gloo, register_from):
     dst = torch.empty_like(src)
     dist.all_to_all_single(dst, src, [n] * world, [n] * world)
     ran("equal splits given", dst.nbytes)
-    check_equal(dst, torch.cat([a2a_blocks(r, world, [n] * world, torch.float32, salt=3)[rank].view(-1)
+    check_equal(dst, torch.cat([a2a_block(r, rank, world, n, torch.float32, salt=3).view(-1)
                                 for r in range(world)]), "all_to_all_single equal splits given")
 
     # uneven splits of 2-D int16 rows of 5 (10-byte rows: blocks start unaligned), some empty
@@ -824,8 +829,8 @@ def alltoall_cases(rank, world, gloo, register_from):
         dst = torch.empty(sum(outs), 5, dtype=torch.int16, device=d)
         dist.all_to_all_single(dst, src, outs, ins)
         ran(f"uneven big={big}")
-        want = torch.cat([a2a_blocks(r, world, [uneven_rows(r, j, world, big) for j in range(world)], torch.int16,
-                                     salt=big, width=5)[rank] for r in range(world)])
+        want = torch.cat([a2a_block(r, rank, world, uneven_rows(r, rank, world, big), torch.int16, salt=big, width=5)
+                          for r in range(world)])
         check_equal(dst, want, f"all_to_all_single uneven big={big}")
         ref = torch.empty_like(want).view(torch.uint8)  # Gloo moves no int16: rows as bytes
         dist.all_to_all_single(ref, src.cpu().view(torch.uint8), outs, ins, group=gloo)
@@ -838,7 +843,7 @@ def alltoall_cases(rank, world, gloo, register_from):
     dst_buf = torch.zeros(world * n + 1, dtype=torch.int8, device=d)
     dist.all_to_all_single(dst_buf[1:], src_buf[1:])
     ran("unaligned", world * n)
-    want = torch.cat([a2a_blocks(r, world, [n] * world, torch.int8, salt=5)[rank].view(-1) for r in range(world)])
+    want = torch.cat([a2a_block(r, rank, world, n, torch.int8, salt=5).view(-1) for r in range(world)])
     check_equal(dst_buf[1:], want, "all_to_all_single unaligned")
     check(dst_buf[0].item() == 0, "all_to_all_single unaligned wrote before its output")
 
@@ -846,7 +851,7 @@ def alltoall_cases(rank, world, gloo, register_from):
     t = torch.cat([b.view(-1) for b in a2a_blocks(rank, world, [4099] * world, torch.float32, salt=7)]).to(d)
     dist.all_to_all_single(t, t)
     ran("in place", t.nbytes)
-    want = torch.cat([a2a_blocks(r, world, [4099] * world, torch.float32, salt=7)[rank].view(-1)
+    want = torch.cat([a2a_block(r, rank, world, 4099, torch.float32, salt=7).view(-1)
                       for r in range(world)])
     check_equal(t, want, "all_to_all_single in place")
 
@@ -854,14 +859,14 @@ def alltoall_cases(rank, world, gloo, register_from):
     src = torch.cat([b.view(-1) for b in a2a_blocks(rank, world, [333] * world, torch.int64, salt=9)]).to(d)
     dst = torch.empty_like(src)
     dist.all_to_all_single(dst, src, async_op=True).wait()
-    want = torch.cat([a2a_blocks(r, world, [333] * world, torch.int64, salt=9)[rank].view(-1) for r in range(world)])
+    want = torch.cat([a2a_block(r, rank, world, 333, torch.int64, salt=9).view(-1) for r in range(world)])
     check_equal(dst, want, "all_to_all_single async")
     ins = [b.view(-1).to(d) for b in a2a_blocks(rank, world, [70_001] * world, torch.float16, salt=3)]
     outs = [torch.empty(70_001, dtype=torch.float16, device=d) for _ in range(world)]
     dist.all_to_all(outs, ins)
     ran("all_to_all")
     for r in range(world):
-        check_equal(outs[r], a2a_blocks(r, world, [70_001] * world, torch.float16, salt=3)[rank].view(-1),
+        check_equal(outs[r], a2a_block(r, rank, world, 70_001, torch.float16, salt=3).view(-1),
                     f"all_to_all [{r}]")
     torch.cuda.synchronize()
     finish()
@@ -1069,13 +1074,21 @@ def spawn_timeout(rank, world, port, timeout_s=3.0, gather=False):
     torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group("tilecomm", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}",
                             timeout=timedelta(seconds=timeout_s))
+    done = dist.new_group(backend="gloo", timeout=timedelta(seconds=60))  # rank 0 says it is done
     t = torch.ones(16, device=dev())
     dist.all_reduce(t)  # sets up cuda_ipc on every rank
     torch.cuda.synchronize()
     assert t[0].item() == world, t
     if rank != 0:
-        time.sleep(timeout_s * 4)  # alive, but never calls the second all_reduce
+        dist.barrier(group=done)  # alive, but never calls the second all_reduce
         return "absent"
+    try:
+        return _absent_rank(t, gather, world)
+    finally:
+        dist.barrier(group=done)
+
+
+def _absent_rank(t, gather, world):
     t0 = time.monotonic()
     if gather:
         w = dist.all_gather_into_tensor(torch.empty(16 * world, device=dev()), t, async_op=True)
@@ -1295,6 +1308,8 @@ def _nvshmem_calls(rank, world, gloo, g, dtypes, ops, sizes, expect, what, in_pl
         check(want is None or got == want, f"{tag}: ran {got!r}, expected {want!r}")
 
     calls = 0
+    start = time.monotonic()
+    first = None  # when the first call (which sets NVSHMEM up) had finished
     for name, n in cases:
         dt = DTYPES[name]
         tag = f"{what} all_gather {name} n={n}"
@@ -1303,6 +1318,7 @@ def _nvshmem_calls(rank, world, gloo, g, dtypes, ops, sizes, expect, what, in_pl
         out = source(torch.full((world * n,), 1, dtype=dt, device=dev()), heap_out)
         dist.all_gather_into_tensor(out, x, group=g)
         check_equal(out, want, tag)
+        first = first or time.monotonic()
         identical(gloo, out, tag)
         ran("all_gather", tag)
         outs = [torch.zeros(n, dtype=dt, device=dev()) for _ in range(world)]
@@ -1343,6 +1359,21 @@ def _nvshmem_calls(rank, world, gloo, g, dtypes, ops, sizes, expect, what, in_pl
                 ran("all_reduce", tag)
             calls += 1
     torch.cuda.synchronize()
+    if rank == 0:  # where a slow run spends its time: the set-up, the checked calls, or the calls alone
+        done = time.monotonic()
+        x = torch.ones(1031, device=dev())
+        out = torch.empty(world * 1031, device=dev())
+        for _ in range(2):
+            alone = time.monotonic()
+            for _ in range(20):
+                dist.all_gather_into_tensor(out, x, group=g)
+            torch.cuda.synchronize()
+        print(f"{what}: first call {first - start:.1f} s, {calls} checked calls {done - first:.1f} s, "
+              f"an all_gather alone {(time.monotonic() - alone) / 20 * 1e3:.2f} ms", flush=True)
+    else:
+        for _ in range(40):
+            dist.all_gather_into_tensor(torch.empty(world * 1031, device=dev()), torch.ones(1031, device=dev()),
+                                        group=g)
     return calls, be.cuda_status()
 
 

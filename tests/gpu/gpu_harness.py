@@ -300,7 +300,9 @@ def _spawn_main(rank, world, port, env, conn, case, kwargs):
     _apply_env(env)
     try:
         import gpu_cases
+        import torch
 
+        torch.set_num_threads(1)  # as in the pool's workers: the ranks' CPU checks share the cores
         conn.send(("ok", getattr(gpu_cases, case)(rank, world, port, **kwargs)))
     except BaseException as e:
         conn.send(_error(e))
