@@ -48,6 +48,17 @@ def test_allreduce_every_dtype_and_op(pools, world, config):
     assert results[0][0] > 300
 
 
+@pytest.mark.parametrize("config", ["auto", "one_shot", "two_shot", "ll", "staged"])
+@pytest.mark.parametrize("world", [1])
+def test_world_one(pools, world, config):
+    """A group of one rank: all_reduce of every dtype and ReduceOp under each path, and every other
+    operation (the case skips point-to-point, which needs a peer)."""
+    pools.run(world, CONFIGS[config], "allreduce_matrix", dtypes=ALL_DTYPES, ops=ALL_OPS, sizes=SIZES)
+    for dtype in ("float32", "bfloat16", "bool"):
+        for n in (0, 1, 1031):
+            pools.run(world, CONFIGS[config], "every_op", dtype=dtype, n=n)
+
+
 @pytest.mark.parametrize("config", ["one_shot", "two_shot", "registered", "ll", "host_mapped"])
 @pytest.mark.parametrize("world", WORLDS)
 def test_allreduce_unaligned(pools, world, config):
