@@ -4,6 +4,7 @@
     TILECOMM_PROFILE=profile.json python train.py          # groups then select with it
     python -m tilecomm.tune --validate profile.json --world-sizes 2,4,8 --json report.json
     python -m tilecomm.tune --validate other.json --measured report.json   # the same times, another profile
+    python -m tilecomm.tune --validate other.json --measured a.json b.json c.json   # and the runs' floor
 
 Spawns its own ranks for each world size (under torchrun: runs at torchrun's
 world size). Tuning measures, then fits with ``tilecomm.fit``:
@@ -22,7 +23,10 @@ collective and world size, the model's prediction error and the regret (time
 of the auto-selected algorithm / time of the fastest), and the totals over
 the points where there is a choice. ``--validate PROFILE --measured REPORT.json`` scores PROFILE
 against the times of an earlier ``--json`` report instead of measuring: a
-profile fitted on one run, checked on another run's times.
+profile fitted on one run, checked on another run's times. Given several
+reports, it also prints what the best fixed choice per point would score
+across them (``choice_floor``): the least regret any selector that chooses by
+collective, world size and size could reach on those runs.
 
 GPUs: ``--cuda-from LATENCY.jsonl`` fits the CUDA kernels' constants
 (``tilecomm.cuda_model``) to the CUDA-graph times that
@@ -438,6 +442,7 @@ def validation_totals(rows) -> dict:
         "regret_mean": mean(choice),
         "regret_mean_by_world": {w: mean([r for r in choice if r["world"] == w]) for w in worlds},
         "regret_worst": max(r["regret_worst"] for r in choice),
+        "regret_worst_by_world": {w: max(r["regret_worst"] for r in choice if r["world"] == w) for w in worlds},
         "error_median": statistics.median(r["error_median"] for r in rows),
         "picked_fastest": sum(r["picked_fastest"] for r in choice),
     }
@@ -479,6 +484,49 @@ def validation_markdown(rows, profile_desc) -> str:
     return "\n".join(lines)
 
 
+def choice_floor(runs) -> dict:
+    """What the best fixed choice per (collective, world size, size) would score over several runs'
+    times (each a --validate report's "measured"): a selector that chooses by collective, world size
+    and size can do no better on these runs. Per world size, over the points with a choice measured
+    in every run: ``regret_worst``, the least over algorithms of the worst regret across runs (the
+    worst point's), and ``regret_mean``, the mean over points of the least mean regret across runs;
+    regret at a point of a run is an algorithm's time / that run's fastest forced algorithm's."""
+    points = {}
+    for results in runs:
+        for r in results:
+            for coll, per_name in r["collectives"].items():
+                forced = {name: pts for name, pts in per_name.items() if name != "auto"}
+                for i in range(len(per_name["auto"])):  # by position: sizes that round alike repeat
+                    points.setdefault((coll, r["world"], i), []).append({a: ts[i][1] for a, ts in forced.items()})
+    worst, means = {}, {}
+    for (_, world, _), per_run in points.items():
+        names = set.intersection(*(set(t) for t in per_run))
+        if len(per_run) != len(runs) or len(names) < 2:
+            continue
+        ratios = [[t[a] / min(t.values()) for t in per_run] for a in names]
+        worst[world] = max(worst.get(world, 1.0), min(max(v) for v in ratios))
+        means.setdefault(world, []).append(min(statistics.mean(v) for v in ratios))
+    return {w: {"points": len(means[w]), "regret_mean": statistics.mean(means[w]), "regret_worst": worst[w]}
+            for w in sorted(means)}
+
+
+def floor_markdown(floor, totals) -> str:
+    """The best fixed choice's figures (``choice_floor``) beside the profile's in each run
+    (``validation_totals`` of each)."""
+    lines = [
+        f"Across the {len(totals)} runs: the best fixed choice per point (collective, world size, size), "
+        "chosen knowing every run's times, against this profile's choices (regret mean / worst):",
+        "",
+        "| world | points | best fixed choice | " + " | ".join(f"run {i + 1}" for i in range(len(totals))) + " |",
+        "| ---: | ---: | ---: |" + " ---: |" * len(totals),
+    ]
+    for w, f in floor.items():
+        runs = " | ".join(f"{t['regret_mean_by_world'][w]:.3f} / {t['regret_worst_by_world'][w]:.2f}"
+                          if w in t.get("regret_mean_by_world", {}) else "-" for t in totals)
+        lines.append(f"| {w} | {f['points']} | {f['regret_mean']:.3f} / {f['regret_worst']:.2f} | {runs} |")
+    return "\n".join(lines)
+
+
 def validate(args, worlds):
     cfg = settings.resolve()
     path = args.validate or cfg["TILECOMM_PROFILE"]
@@ -489,27 +537,36 @@ def validate(args, worlds):
     if cfg["TILECOMM_ALGO"]:
         print(f"# TILECOMM_ALGO={cfg['TILECOMM_ALGO']!r} is ignored: auto-selection is validated", file=sys.stderr)
     abspath = os.path.abspath(path) if path else ""
-    if args.measured:  # the times of an earlier report, scored again with this profile: nothing runs
+    desc = selector.describe_profile(profile, abspath or None)
+    if not args.measured:
+        results = _run_worlds(_validate_worker, worlds, args, abspath)
+        if results is None:
+            return 0
+        rows = validation_rows(results, profile)
+        print(validation_markdown(rows, desc))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"profile": abspath or "shipped default", "rows": rows, "measured": results}, f, indent=1)
+        return 0
+    # the times of earlier reports, scored again with this profile: nothing runs
+    runs, totals = [], []
+    for i, report in enumerate(args.measured):
         try:
-            with open(args.measured) as f:
+            with open(report) as f:
                 results = json.load(f)["measured"]
         except (OSError, ValueError, KeyError, TypeError) as e:
-            raise SystemExit(f"tilecomm.tune: --measured {args.measured}: not a --validate --json report ({e})")
-    else:
-        results = _run_worlds(_validate_worker, worlds, args, abspath)
-    if results is None:
-        return 0
-    try:
-        rows = validation_rows(results, profile)
-    except (KeyError, TypeError, IndexError, ValueError) as e:
-        if not args.measured:
-            raise
-        raise SystemExit(f"tilecomm.tune: --measured {args.measured}: its times do not fit this version's "
-                         f"algorithms ({type(e).__name__}: {e})") from None
-    print(validation_markdown(rows, selector.describe_profile(profile, abspath or None)))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"profile": abspath or "shipped default", "rows": rows, "measured": results}, f, indent=1)
+            raise SystemExit(f"tilecomm.tune: --measured {report}: not a --validate --json report ({e})") from None
+        try:
+            rows = validation_rows(results, profile)
+        except (KeyError, TypeError, IndexError, ValueError) as e:
+            raise SystemExit(f"tilecomm.tune: --measured {report}: its times do not fit this version's "
+                             f"algorithms ({type(e).__name__}: {e})") from None
+        print(("" if i == 0 else "\n") + (f"Run {i + 1}: {report}\n\n" if len(args.measured) > 1 else "")
+              + validation_markdown(rows, desc))
+        runs.append(results)
+        totals.append(validation_totals(rows))
+    if len(runs) > 1:
+        print("\n" + floor_markdown(choice_floor(runs), totals))
     return 0
 
 
@@ -572,9 +629,10 @@ def build_parser():
         help="check PROFILE (default: TILECOMM_PROFILE, else the shipped one) instead of tuning",
     )
     p.add_argument("--json", default="", help="with --validate: also write the report (and the times) here")
-    p.add_argument("--measured", default="", metavar="REPORT_JSON",
-                   help="with --validate: score PROFILE against the times of an earlier --json report instead of "
-                        "measuring (a profile fitted on one run, checked on another)")
+    p.add_argument("--measured", nargs="+", default=[], metavar="REPORT_JSON",
+                   help="with --validate: score PROFILE against the times of earlier --json reports instead of "
+                        "measuring (a profile fitted on one run, checked on others); with several, also what the "
+                        "best fixed choice per point would score across them")
     p.add_argument("--cuda-from", default="", metavar="LATENCY_JSONL",
                    help="fit the CUDA kernels' constants to benchmarks/gpu_latency.py records instead of tuning")
     return p
@@ -596,6 +654,8 @@ def main(argv=None):
             parser.error("under torchrun: needs at least 2 ranks")
     if args.measured and args.validate is None:
         parser.error("--measured goes with --validate")
+    if args.measured and args.json:
+        parser.error("--json writes what --validate measures; with --measured nothing is measured")
     return validate(args, worlds) if args.validate is not None else tune(args, worlds)
 
 

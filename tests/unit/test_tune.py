@@ -147,6 +147,20 @@ def test_validation_totals_count_only_points_with_a_choice():
     assert tune.validation_totals([rows[2]]) == {}
 
 
+def test_choice_floor_is_the_best_fixed_choice_across_runs():
+    sizes = [8, 32, 32]  # sizes that round alike repeat: points are told apart by position
+    # run 1: a is fastest everywhere; run 2: b is at the first point (a takes 3x), a at the others
+    one = _fake_results(4, "gather", {"a": [1.0, 1.0, 1.0], "b": [2.0, 1.5, 1.0]}, [1.0] * 3, sizes)
+    two = _fake_results(4, "gather", {"a": [3.0, 1.0, 1.0], "b": [1.0, 3.0, 1.0]}, [1.0] * 3, sizes)
+    solo = _fake_results(4, "barrier", {"only": [1.0] * 3}, [1.0] * 3, sizes)  # no choice: left out
+    two_only = _fake_results(2, "gather", {"a": [1.0] * 3, "b": [9.0] * 3}, [1.0] * 3, sizes)  # not in run 1
+    floor = tune.choice_floor([[one, solo], [two, solo, two_only]])
+    # point 1: a scores (1, 3), b (2, 1): worst min(3, 2) = 2 (b), mean min(2, 1.5) = 1.5 (b);
+    # point 2: a (1, 1); point 3: both (1, 1)
+    assert floor == {4: {"points": 3, "regret_mean": pytest.approx((1.5 + 1 + 1) / 3), "regret_worst": 2.0}}
+    assert tune.choice_floor([[one]]) == {4: {"points": 3, "regret_mean": 1.0, "regret_worst": 1.0}}
+
+
 def test_validate_measured_scores_an_earlier_report_without_running(tmp_path, capsys):
     prof = selector.DEFAULT_PROFILE
     sizes = [8, 1 << 20]
@@ -159,6 +173,14 @@ def test_validate_measured_scores_an_earlier_report_without_running(tmp_path, ca
     assert tune.main(["--validate", "", "--measured", str(report), "--world-sizes", "4"]) == 0
     out = capsys.readouterr().out
     assert "| broadcast | 4 | 2 |" in out and "Over the 2 points with a choice" in out
+    assert "Across the" not in out  # one run: no floor
+    assert tune.main(["--validate", "", "--measured", str(report), str(report)]) == 0
+    out = capsys.readouterr().out
+    assert f"Run 2: {report}" in out and "Across the 2 runs" in out
+    assert "| 4 | 2 | 1.000 / 1.00 |" in out  # the same times twice: the floor is each run's best
+    with pytest.raises(SystemExit) as e:
+        tune.main(["--validate", "", "--measured", str(report), "--json", str(tmp_path / "r.json")])
+    assert e.value.code == 2
     report.write_text(json.dumps({"measured": [{"world": 4, "collectives": {"broadcast": {"no_such": [[8, 1.0]]}}}]}))
     with pytest.raises(SystemExit, match="do not fit this version's algorithms"):
         tune.main(["--validate", "", "--measured", str(report)])
