@@ -484,38 +484,45 @@ def validation_markdown(rows, profile_desc) -> str:
     return "\n".join(lines)
 
 
-def choice_floor(runs) -> dict:
+def choice_floor(runs) -> tuple[dict, int]:
     """What the best fixed choice per (collective, world size, size) would score over several runs'
     times (each a --validate report's "measured"): a selector that chooses by collective, world size
     and size can do no better on these runs. Per world size, over the points with a choice measured
-    in every run: ``regret_worst``, the least over algorithms of the worst regret across runs (the
-    worst point's), and ``regret_mean``, the mean over points of the least mean regret across runs;
-    regret at a point of a run is an algorithm's time / that run's fastest forced algorithm's."""
+    in every run with the same algorithms: ``regret_worst``, the least over algorithms of the worst
+    regret across runs (the worst point's), and ``regret_mean``, the mean over points of the least
+    mean regret across runs; regret at a point of a run is an algorithm's time / that run's fastest
+    forced algorithm's. Also returns how many points with a choice were left out (not measured
+    alike in every run)."""
     points = {}
     for results in runs:
         for r in results:
             for coll, per_name in r["collectives"].items():
                 forced = {name: pts for name, pts in per_name.items() if name != "auto"}
-                for i in range(len(per_name["auto"])):  # by position: sizes that round alike repeat
-                    points.setdefault((coll, r["world"], i), []).append({a: ts[i][1] for a, ts in forced.items()})
-    worst, means = {}, {}
-    for (_, world, _), per_run in points.items():
-        names = set.intersection(*(set(t) for t in per_run))
-        if len(per_run) != len(runs) or len(names) < 2:
+                for i, (n, _) in enumerate(per_name["auto"]):  # position too: sizes that round alike repeat
+                    points.setdefault((coll, r["world"], i, n), []).append({a: ts[i][1] for a, ts in forced.items()})
+    worst, means, left_out = {}, {}, 0
+    for (_, world, _, _), per_run in points.items():
+        if len(per_run[0]) < 2:
             continue
-        ratios = [[t[a] / min(t.values()) for t in per_run] for a in names]
+        if len(per_run) != len(runs) or any(t.keys() != per_run[0].keys() for t in per_run):
+            left_out += 1
+            continue
+        ratios = [[t[a] / min(t.values()) for t in per_run] for a in per_run[0]]
         worst[world] = max(worst.get(world, 1.0), min(max(v) for v in ratios))
         means.setdefault(world, []).append(min(statistics.mean(v) for v in ratios))
-    return {w: {"points": len(means[w]), "regret_mean": statistics.mean(means[w]), "regret_worst": worst[w]}
-            for w in sorted(means)}
+    floor = {w: {"points": len(means[w]), "regret_mean": statistics.mean(means[w]), "regret_worst": worst[w]}
+             for w in sorted(means)}
+    return floor, left_out
 
 
-def floor_markdown(floor, totals) -> str:
+def floor_markdown(floor, left_out, totals) -> str:
     """The best fixed choice's figures (``choice_floor``) beside the profile's in each run
     (``validation_totals`` of each)."""
     lines = [
         f"Across the {len(totals)} runs: the best fixed choice per point (collective, world size, size), "
-        "chosen knowing every run's times, against this profile's choices (regret mean / worst):",
+        "chosen knowing every run's times, against this profile's choices; regret mean / worst (for the "
+        "best fixed choice, the mean from the choice with the least mean across the runs, the worst from "
+        "the one with the least worst):",
         "",
         "| world | points | best fixed choice | " + " | ".join(f"run {i + 1}" for i in range(len(totals))) + " |",
         "| ---: | ---: | ---: |" + " ---: |" * len(totals),
@@ -524,6 +531,9 @@ def floor_markdown(floor, totals) -> str:
         runs = " | ".join(f"{t['regret_mean_by_world'][w]:.3f} / {t['regret_worst_by_world'][w]:.2f}"
                           if w in t.get("regret_mean_by_world", {}) else "-" for t in totals)
         lines.append(f"| {w} | {f['points']} | {f['regret_mean']:.3f} / {f['regret_worst']:.2f} | {runs} |")
+    if left_out:
+        lines += ["", f"Left out of the best fixed choice: {left_out} points with a choice not measured with the "
+                  "same algorithms in every run (another size grid, world size or version)."]
     return "\n".join(lines)
 
 
@@ -558,7 +568,7 @@ def validate(args, worlds):
             raise SystemExit(f"tilecomm.tune: --measured {report}: not a --validate --json report ({e})") from None
         try:
             rows = validation_rows(results, profile)
-        except (KeyError, TypeError, IndexError, ValueError) as e:
+        except (KeyError, TypeError, IndexError, ValueError, ZeroDivisionError) as e:
             raise SystemExit(f"tilecomm.tune: --measured {report}: its times do not fit this version's "
                              f"algorithms ({type(e).__name__}: {e})") from None
         print(("" if i == 0 else "\n") + (f"Run {i + 1}: {report}\n\n" if len(args.measured) > 1 else "")
@@ -566,7 +576,7 @@ def validate(args, worlds):
         runs.append(results)
         totals.append(validation_totals(rows))
     if len(runs) > 1:
-        print("\n" + floor_markdown(choice_floor(runs), totals))
+        print("\n" + floor_markdown(*choice_floor(runs), totals))
     return 0
 
 

@@ -53,7 +53,8 @@ def test_allreduce_every_dtype_and_op(pools, world, config):
 def test_world_one(pools, world, config):
     """A group of one rank: all_reduce of every dtype and ReduceOp under each path, and every other
     operation (the case skips point-to-point, which needs a peer)."""
-    pools.run(world, CONFIGS[config], "allreduce_matrix", dtypes=ALL_DTYPES, ops=ALL_OPS, sizes=SIZES)
+    pools.run(world, CONFIGS[config], "allreduce_matrix", dtypes=ALL_DTYPES, ops=ALL_OPS, sizes=SIZES,
+              expect_direct=EXPECT_DIRECT[config])
     for dtype in ("float32", "bfloat16", "bool"):
         for n in (0, 1, 1031):
             pools.run(world, CONFIGS[config], "every_op", dtype=dtype, n=n)

@@ -154,11 +154,17 @@ def test_choice_floor_is_the_best_fixed_choice_across_runs():
     two = _fake_results(4, "gather", {"a": [3.0, 1.0, 1.0], "b": [1.0, 3.0, 1.0]}, [1.0] * 3, sizes)
     solo = _fake_results(4, "barrier", {"only": [1.0] * 3}, [1.0] * 3, sizes)  # no choice: left out
     two_only = _fake_results(2, "gather", {"a": [1.0] * 3, "b": [9.0] * 3}, [1.0] * 3, sizes)  # not in run 1
-    floor = tune.choice_floor([[one, solo], [two, solo, two_only]])
+    floor, left_out = tune.choice_floor([[one, solo], [two, solo, two_only]])
     # point 1: a scores (1, 3), b (2, 1): worst min(3, 2) = 2 (b), mean min(2, 1.5) = 1.5 (b);
     # point 2: a (1, 1); point 3: both (1, 1)
     assert floor == {4: {"points": 3, "regret_mean": pytest.approx((1.5 + 1 + 1) / 3), "regret_worst": 2.0}}
-    assert tune.choice_floor([[one]]) == {4: {"points": 3, "regret_mean": 1.0, "regret_worst": 1.0}}
+    assert left_out == 3  # world 2's points, measured in one run only
+    assert tune.choice_floor([[one]]) == ({4: {"points": 3, "regret_mean": 1.0, "regret_worst": 1.0}}, 0)
+    # another size grid, or another set of algorithms: the points are not paired, and said to be left out
+    other = _fake_results(4, "gather", {"a": [1.0, 1.0, 1.0], "b": [9.0] * 3}, [1.0] * 3, [8, 32, 128])
+    fewer = _fake_results(4, "gather", {"a": [1.0, 1.0, 1.0], "c": [1.0] * 3, "b": [9.0] * 3}, [1.0] * 3, sizes)
+    assert tune.choice_floor([[one], [other]]) == ({4: {"points": 2, "regret_mean": 1.0, "regret_worst": 1.0}}, 2)
+    assert tune.choice_floor([[one], [fewer]]) == ({}, 3)
 
 
 def test_validate_measured_scores_an_earlier_report_without_running(tmp_path, capsys):
