@@ -384,6 +384,13 @@ def summary(profile) -> str:
 # Validation ----------------------------------------------------------------------------------------
 
 
+def forced_times(per_name):
+    """A report's collective ({algorithm or "auto": [[bytes, seconds], ...]}) as, per position of its
+    sizes (sizes that round alike repeat): (bytes, {forced algorithm: seconds})."""
+    forced = {name: pts for name, pts in per_name.items() if name != "auto"}
+    return [(n, {name: pts[i][1] for name, pts in forced.items()}) for i, (n, _) in enumerate(per_name["auto"])]
+
+
 def validation_rows(results, profile):
     """One row per (collective, world size): prediction error over every forced algorithm and size,
     and regret of auto-selection (its measured time / the fastest forced algorithm's) per size."""
@@ -392,12 +399,10 @@ def validation_rows(results, profile):
     for r in results:
         world = r["world"]
         for coll, per_name in r["collectives"].items():
-            forced = {name: pts for name, pts in per_name.items() if name != "auto"}
-            sizes = [n for n, _ in per_name["auto"]]
+            points = forced_times(per_name)
             table = selector.build_table(coll, world, {}, profile)
             pred, meas, regrets, auto_ratios, picked = [], [], [], [], 0
-            for i, n in enumerate(sizes):
-                times = {name: pts[i][1] for name, pts in forced.items()}
+            for i, (n, times) in enumerate(points):
                 for name, t in times.items():
                     pred.append(selector.predict_algo(registry[name], world, n, profile).total_s)
                     meas.append(t)
@@ -411,8 +416,8 @@ def validation_rows(results, profile):
                 {
                     "collective": coll,
                     "world": world,
-                    "sizes": len(sizes),
-                    "algorithms": len(forced),
+                    "sizes": len(points),
+                    "algorithms": len(per_name) - 1,  # all but auto
                     "error_median": err["median"],
                     "error_worst": err["worst"],
                     "regret_mean": statistics.mean(regrets),
@@ -497,9 +502,8 @@ def choice_floor(runs) -> tuple[dict, int]:
     for results in runs:
         for r in results:
             for coll, per_name in r["collectives"].items():
-                forced = {name: pts for name, pts in per_name.items() if name != "auto"}
-                for i, (n, _) in enumerate(per_name["auto"]):  # position too: sizes that round alike repeat
-                    points.setdefault((coll, r["world"], i, n), []).append({a: ts[i][1] for a, ts in forced.items()})
+                for i, (n, times) in enumerate(forced_times(per_name)):  # position too: sizes repeat
+                    points.setdefault((coll, r["world"], i, n), []).append(times)
     worst, means, left_out = {}, {}, 0
     for (_, world, _, _), per_run in points.items():
         if len(per_run[0]) < 2:
