@@ -381,10 +381,9 @@ def graph_replay(rank, world, gloo, replays, sizes=(1, 7, 1031, 65543)):
         check_equal(ag_out, want, f"{what}: all_gather_into_tensor")
         for r in range(world):
             check_equal(ls_out[r], data(r, n_list, torch.int64, "sum", salt=k), f"{what}: all_gather [{r}]")
-        want = torch.cat([a2a_block(r, rank, world, 13, torch.int32, salt=k).view(-1) for r in range(world)])
+        want = a2a_received(rank, world, 13, torch.int32, salt=k)
         check_equal(a2a_out, want, f"{what}: all_to_all_single")
-        want = torch.cat([a2a_block(r, rank, world, uneven_rows(r, rank, world, 700), torch.float64, salt=k, width=3)
-                          for r in range(world)])
+        want = a2a_received(rank, world, lambda r: uneven_rows(r, rank, world, 700), torch.float64, salt=k, width=3)
         check_equal(up_out, want, f"{what}: all_to_all_single uneven")
         identical(gloo, torch.cat([t.view(-1).float() for t in (*ar.values(), bf, iv, av, ag_out)]), what)
 
@@ -760,6 +759,14 @@ def a2a_block(sender, receiver, world, rows, dt, salt=0, width=1):
     return data(sender * world + receiver, rows * width, dt, salt=salt).view(rows, width)
 
 
+def a2a_received(rank, world, rows, dt, salt=0, width=1):
+    """What rank `rank` receives, in sender order: from each sender r, rows(r) rows of `width`
+    (an int: the same from every sender); one dimension when width is 1."""
+    got = torch.cat([a2a_block(r, rank, world, rows if isinstance(rows, int) else rows(r), dt, salt, width)
+                     for r in range(world)])
+    return got.view(-1) if width == 1 else got
+
+
 def a2a_blocks(rank, world, rows, dt, salt=0, width=1):
     """Rank `rank`'s input blocks: block j (rows[j] rows of `width`) is what it sends to rank j."""
     return [a2a_block(rank, j, world, rows[j], dt, salt, width) for j in range(world)]
@@ -785,8 +792,7 @@ def alltoall_cases(rank, world, gloo, register_from):
 
     for n, off, in_place in ((2_097_152, 0, False), (2_100_001, 1, False), (2_097_153, 0, True)):
         what = f"all_to_all_single large n={n} offset={off} in_place={in_place}"
-        want = torch.cat([a2a_block(r, rank, world, n, torch.float32, salt=1).view(-1)
-                          for r in range(world)])
+        want = a2a_received(rank, world, n, torch.float32, salt=1)
         src = torch.cat([b.view(-1) for b in a2a_blocks(rank, world, [n] * world, torch.float32, salt=1)])
         buf = torch.full((world * n + off + 1,), -7.0, device=d)
         if in_place:
@@ -806,7 +812,7 @@ def alltoall_cases(rank, world, gloo, register_from):
             dst = torch.full_like(src, 3 if not dt.is_complex else 3 + 1j) if n else torch.empty_like(src)
             dist.all_to_all_single(dst, src)
             ran(what, dst.nbytes)
-            want = torch.cat([a2a_block(r, rank, world, n, dt).view(-1) for r in range(world)])
+            want = a2a_received(rank, world, n, dt)
             check_equal(dst, want, what)
             if n == 1031 and not dt.is_complex:
                 ref = torch.empty_like(want)
@@ -819,8 +825,7 @@ def alltoall_cases(rank, world, gloo, register_from):
     dst = torch.empty_like(src)
     dist.all_to_all_single(dst, src, [n] * world, [n] * world)
     ran("equal splits given", dst.nbytes)
-    check_equal(dst, torch.cat([a2a_block(r, rank, world, n, torch.float32, salt=3).view(-1)
-                                for r in range(world)]), "all_to_all_single equal splits given")
+    check_equal(dst, a2a_received(rank, world, n, torch.float32, salt=3), "all_to_all_single equal splits given")
 
     # uneven splits of 2-D int16 rows of 5 (10-byte rows: blocks start unaligned), some empty
     for big in (0, 9000):
@@ -830,8 +835,7 @@ def alltoall_cases(rank, world, gloo, register_from):
         dst = torch.empty(sum(outs), 5, dtype=torch.int16, device=d)
         dist.all_to_all_single(dst, src, outs, ins)
         ran(f"uneven big={big}")
-        want = torch.cat([a2a_block(r, rank, world, uneven_rows(r, rank, world, big), torch.int16, salt=big, width=5)
-                          for r in range(world)])
+        want = a2a_received(rank, world, lambda r: uneven_rows(r, rank, world, big), torch.int16, salt=big, width=5)
         check_equal(dst, want, f"all_to_all_single uneven big={big}")
         ref = torch.empty_like(want).view(torch.uint8)  # Gloo moves no int16: rows as bytes
         dist.all_to_all_single(ref, src.cpu().view(torch.uint8), outs, ins, group=gloo)
@@ -844,7 +848,7 @@ def alltoall_cases(rank, world, gloo, register_from):
     dst_buf = torch.zeros(world * n + 1, dtype=torch.int8, device=d)
     dist.all_to_all_single(dst_buf[1:], src_buf[1:])
     ran("unaligned", world * n)
-    want = torch.cat([a2a_block(r, rank, world, n, torch.int8, salt=5).view(-1) for r in range(world)])
+    want = a2a_received(rank, world, n, torch.int8, salt=5)
     check_equal(dst_buf[1:], want, "all_to_all_single unaligned")
     check(dst_buf[0].item() == 0, "all_to_all_single unaligned wrote before its output")
 
@@ -852,15 +856,14 @@ def alltoall_cases(rank, world, gloo, register_from):
     t = torch.cat([b.view(-1) for b in a2a_blocks(rank, world, [4099] * world, torch.float32, salt=7)]).to(d)
     dist.all_to_all_single(t, t)
     ran("in place", t.nbytes)
-    want = torch.cat([a2a_block(r, rank, world, 4099, torch.float32, salt=7).view(-1)
-                      for r in range(world)])
+    want = a2a_received(rank, world, 4099, torch.float32, salt=7)
     check_equal(t, want, "all_to_all_single in place")
 
     # async, and the list form
     src = torch.cat([b.view(-1) for b in a2a_blocks(rank, world, [333] * world, torch.int64, salt=9)]).to(d)
     dst = torch.empty_like(src)
     dist.all_to_all_single(dst, src, async_op=True).wait()
-    want = torch.cat([a2a_block(r, rank, world, 333, torch.int64, salt=9).view(-1) for r in range(world)])
+    want = a2a_received(rank, world, 333, torch.int64, salt=9)
     check_equal(dst, want, "all_to_all_single async")
     ins = [b.view(-1).to(d) for b in a2a_blocks(rank, world, [70_001] * world, torch.float16, salt=3)]
     outs = [torch.empty(70_001, dtype=torch.float16, device=d) for _ in range(world)]
