@@ -473,10 +473,27 @@ void CudaGroup::setUpPrograms() {
   }
 }
 
+uint16_t CudaGroup::executorPick(const exec::CollCall& call) const {
+  const int m = static_cast<int>(ipc_->memory());
+  if (m >= 2) return call.algo;  // the executor does not run over NVSHMEM's heap
+  const auto& tables = settings_.executor_tables[m];
+  const size_t c = static_cast<size_t>(call.coll);
+  if (c >= tables.size() || tables[c].empty()) return call.algo;
+  const uint64_t nbytes = call.count * dtypeSize(call.dtype);  // as the CPU table is asked (the buffer's bytes)
+  uint16_t id = tables[c].back().second;
+  for (const auto& e : tables[c])
+    if (nbytes <= e.first) {
+      id = e.second;
+      break;
+    }
+  const auto it = engine_->algorithms().find(id);
+  return it != engine_->algorithms().end() && it->second.coll == call.coll ? id : call.algo;
+}
+
 void CudaGroup::runSchedule(CudaOp& op, const exec::CollCall& call) {
   // A non-rooted algorithm's program is filed under root -1.
   auto program = [&](uint16_t algo) { return programs_.find({algo, engine_->algorithms().at(algo).rooted ? call.root : -1}); };
-  uint16_t algo = call.algo;
+  uint16_t algo = executorPick(call);
   auto it = program(algo);
   if (it == programs_.end()) {  // the table's choice has no program: the collective's first that has
     auto first = first_program_.find(static_cast<int>(call.coll));

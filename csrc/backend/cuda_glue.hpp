@@ -149,6 +149,10 @@ struct CudaSettings {
   uint64_t ll_bytes[cuda::kMemories] = {};                  // auto: LL all_reduce up to this size
   uint64_t two_shot_bytes[cuda::kMemories] = {~0ull, ~0ull, ~0ull};  // auto: two_shot from this size on
   uint64_t allgather_ll_bytes = cuda::kLLMaxBytes;  // auto: LL all_gather up to this size (per rank)
+  // The schedule executor's decision tables (executor_model.py), per peer memory (cuda_ipc,
+  // host_mapped) and collective (Coll): the first entry with nbytes <= max_bytes names the
+  // algorithm. A collective without a table keeps the CPU table's choice.
+  std::vector<std::vector<std::pair<uint64_t, uint16_t>>> executor_tables[2];
   std::string transport = "auto";        // auto | host_mapped (TILECOMM_TRANSPORT)
   std::string fence = "auto";            // auto | system (TILECOMM_CUDA_FENCE; Note [Fence scope])
   std::string p2p = "direct";            // direct | staged (TILECOMM_CUDA_P2P; Note [Direct point-to-point])
@@ -373,11 +377,15 @@ class CudaGroup {
   /// a peer transport is possible, and the executor moves (op kNone) or reduces dtype with op.
   /// all_reduce only where TILECOMM_CUDA_ALLREDUCE is not staged or nvshmem_two_shot.
   bool scheduleEligible(Coll coll, DType dtype, RedOp op) const;
-  /// In a task, inside CudaOp::run, after directReady: enqueues the schedule of call.algo (the
-  /// decision table's choice; where it has no schedule the executor can walk, the collective's
-  /// first algorithm that has one) over call.buf, device memory (rooted: for call.root). Its
-  /// desc_count is what must agree across ranks (CollDesc::count): peers check it.
+  /// In a task, inside CudaOp::run, after directReady: enqueues the schedule of executorPick(call)
+  /// (where it has no schedule the executor can walk, the collective's first algorithm that has
+  /// one) over call.buf, device memory (rooted: for call.root). Its desc_count is what must agree
+  /// across ranks (CollDesc::count): peers check it.
   void runSchedule(CudaOp& op, const exec::CollCall& call);
+  /// The algorithm the executor's decision table for the transport's memory picks for call's
+  /// buffer (CudaSettings::executor_tables, the same on every rank); call.algo, the CPU table's
+  /// choice, where there is no such table (a forced algorithm is in both).
+  uint16_t executorPick(const exec::CollCall& call) const;
   /// In a task, inside CudaOp::run: body over pinned host copies of the tensors (reads are
   /// copied in first; writes are copied back once body returned).
   void runStaged(const std::vector<at::Tensor>& reads, const std::vector<at::Tensor>& writes,

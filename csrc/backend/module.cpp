@@ -267,8 +267,10 @@ PYBIND11_MODULE(_C, m) {
          int64_t timeout_ms, const std::string& proto, std::array<uint64_t, cuda::kMemories> ll_bytes,
          uint64_t allgather_ll_bytes, const std::string& transport, const std::string& fence,
          const std::vector<std::tuple<std::string, std::string, std::string>>& gpu_links, const py::dict& nvshmem,
-         std::array<uint64_t, 3> register_bytes, const std::string& p2p) {
+         std::array<uint64_t, 3> register_bytes, const std::string& p2p,
+         const std::array<std::vector<std::vector<std::pair<uint64_t, uint16_t>>>, 2>& executor_tables) {
         backend::CudaSettings s;
+        for (int m = 0; m < 2; ++m) s.executor_tables[m] = executor_tables[m];
         s.p2p = p2p;
         s.allreduce = allreduce;
         s.ipc_bytes = ipc_bytes;
@@ -308,7 +310,8 @@ PYBIND11_MODULE(_C, m) {
       py::arg("register_bytes") = std::array<uint64_t, 3>{backend::CudaSettings{}.register_bytes,
                                                             backend::CudaSettings{}.allgather_register_bytes,
                                                             backend::CudaSettings{}.alltoall_register_bytes},
-      py::arg("p2p") = "direct");
+      py::arg("p2p") = "direct",
+      py::arg("executor_tables") = std::array<std::vector<std::vector<std::pair<uint64_t, uint16_t>>>, 2>{});
   // NOTE: without the GIL: it waits for its turn behind the group's operations, whose Future
   // callbacks may need it.
   pg.def("symmetric_empty", &backend::ProcessGroupTilecomm::symmetricEmpty, py::arg("sizes"), py::arg("dtype"),

@@ -19,7 +19,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from tilecomm import algorithms, cuda_model, nvshmem, selector, settings, topology
+from tilecomm import algorithms, cuda_model, executor_model, nvshmem, selector, settings, topology
 
 log = logging.getLogger("tilecomm")
 _registered = False
@@ -108,6 +108,7 @@ def create(opts, pg_options=None):
         cuda["register_bytes"] = register_bytes(cfg, forced)
         if getattr(_C, "HAS_CUDA", False):
             cuda["nvshmem_algorithms"] = _nvshmem_config(cfg, forced, profile, world, len(set(topo.domains)) == 1)
+            cuda["executor_tables"] = executor_model.build_tables(world, forced, profile, topo.layout)
         return {"settings": cfg, "labels": labels, "links": links, "token": token, "tables": tables,
                 "profile": profile_info, "gpu_links": gpus, "cuda": cuda}
 
@@ -181,6 +182,9 @@ def create(opts, pg_options=None):
             else:
                 log.info("tilecomm world=%d NVSHMEM algorithms not offered: %s", world, nv["why"])
         _log_tables(world, agreed["tables"])
+        if _C.HAS_CUDA:
+            for m, tables in agreed["cuda"]["executor_tables"].items():
+                _log_tables(world, tables, f"CUDA schedule executor over {m}: ")
         # Once per (collective, size class) in use, the engine logs the choice and its predicted time.
         for coll, table in agreed["tables"].items():
             notes = selector.size_class_notes(coll, world, table, loaded["profile"], topo.layout, topo.domains)
@@ -209,6 +213,8 @@ def create(opts, pg_options=None):
             nvshmem=agreed["cuda"]["nvshmem_algorithms"],
             register_bytes=agreed["cuda"]["register_bytes"],
             p2p=cfg["TILECOMM_CUDA_P2P"],
+            executor_tables=[[[tuple(e) for e in agreed["cuda"]["executor_tables"][m].get(c, [])]
+                              for c in algorithms.COLLECTIVES] for m in executor_model.MEMORIES],
         )
     return pg
 
@@ -286,12 +292,12 @@ def _enable_info_log():
         log.addHandler(logging.StreamHandler())
 
 
-def _log_tables(world, tables):
+def _log_tables(world, tables, where=""):
     for coll, table in tables.items():
         parts = [
             f"[{lo}, {'inf' if hi is None else hi}] B -> {algo.name}" for lo, hi, algo in selector.table_ranges(table)
         ]
-        log.info("tilecomm world=%d %s: %s", world, coll, "; ".join(parts))
+        log.info("tilecomm world=%d %s%s: %s", world, where, coll, "; ".join(parts))
 
 
 __all__ = ["register", "create"]

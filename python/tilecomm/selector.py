@@ -29,7 +29,7 @@ import logging
 import math
 from dataclasses import dataclass
 
-from tilecomm import algorithms, cuda_model
+from tilecomm import algorithms, cuda_model, executor_model
 from tilecomm.schedule import CostTerms, cost_terms
 
 log = logging.getLogger("tilecomm")
@@ -59,6 +59,8 @@ DEFAULT_PROFILE = {
     "corrections": {},
     # The CUDA direct kernels' constants per peer memory and protocol (cuda_model.py).
     "cuda": cuda_model.DEFAULT,
+    # The GPU's schedule executor's constants per peer memory (executor_model.py).
+    "cuda_executor": executor_model.DEFAULT,
 }
 
 MAX_BYTES = (1 << 64) - 1
@@ -310,6 +312,8 @@ def check_profile(profile, where: str = "profile"):
         _constant(value, f"{where}: gamma_s_per_byte.{dtype}")
     if "cuda" in profile:
         cuda_model.check(profile["cuda"], f"{where}: cuda")
+    if "cuda_executor" in profile:
+        executor_model.check(profile["cuda_executor"], f"{where}: cuda_executor")
     corrections = profile.get("corrections", {})
     if not isinstance(corrections, dict):
         raise ValueError(f"{where}: corrections: expected an object")

@@ -119,7 +119,8 @@ SETTINGS = [
         "registered); `one_shot` or `two_shot`: that kernel (in pieces); `registered`: the two-shot on registered "
         "tensors at every size over cuda_ipc (where they can be registered; elsewhere, and under CUDA graph "
         "capture, as `auto` without registration); `scheduled`: "
-        "the decision table's scheduled algorithm (ring, tree, recursive_doubling, rabenseifner, hierarchical; "
+        "the schedule executor's decision table's algorithm (ring, tree, recursive_doubling, rabenseifner, "
+        "hierarchical; "
         "`TILECOMM_ALGO` forces one) walked on the GPU by the schedule executor; `staged`: "
         "through pinned host memory and the CPU engine; `nvshmem_two_shot`: the NVSHMEM two-shot kernel at every "
         "size, which reads and writes tensors made with `tilecomm.symmetric_empty` in place and "
@@ -129,7 +130,8 @@ SETTINGS = [
         "(see `TILECOMM_PROTO`). Groups whose ranks are not all in one shared-memory domain (TCP links) stage "
         "every CUDA operation. broadcast, reduce, gather, scatter, all_reduce_coalesced, and all_gather and "
         "reduce_scatter where no LL, registered or NVSHMEM kernel runs them, run their scheduled algorithm (the "
-        "decision table's, or `TILECOMM_ALGO`'s) on the GPU's schedule executor; all_to_all runs as one kernel "
+        "executor's decision table's, or `TILECOMM_ALGO`'s) on the GPU's schedule executor; all_to_all runs as one "
+        "kernel "
         "(`TILECOMM_CUDA_ALLTOALL`; the FIFO kernel where its 2 x world - 1 lanes fit the block budget); "
         "point-to-point follows `TILECOMM_CUDA_P2P`.",
         ("auto", "one_shot", "two_shot", "registered", "scheduled", "staged", "nvshmem_two_shot"),

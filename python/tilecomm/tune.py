@@ -34,6 +34,11 @@ GPUs: ``--cuda-from LATENCY.jsonl`` fits the CUDA kernels' constants
 into the ``cuda`` section of the profile (TILECOMM_PROFILE's, else the shipped
 default's other sections) and prints the kernel thresholds they give, and the
 regret of each ``auto`` entry measured, at every world size in the file.
+``--executor-from BENCH.jsonl ...`` does the same for the GPU's schedule executor
+(``tilecomm.executor_model``) from ``python -m tilecomm.bench --device cuda --graph``
+records of forced algorithms (``scripts/gpu-executor-algos``): it writes the
+``cuda_executor`` section and prints the fit, the regret its decision tables
+would have on those times, and the regret of the choices the records measured.
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ import torch
 import torch.distributed as dist
 
 import tilecomm
-from tilecomm import algorithms, bench, cuda_model, fit, launch, selector, settings
+from tilecomm import algorithms, bench, cuda_model, executor_model, fit, launch, selector, settings
 
 REDUCE_DTYPES = ["float32", "float64", "float16", "bfloat16", "int32", "int64", "int8"]
 
@@ -295,6 +300,57 @@ def tune_cuda(args) -> int:
     print(cuda_report(consts, records))
     print(f"\nwrote {args.output}; use it with TILECOMM_PROFILE={os.path.abspath(args.output)}")
     return 0
+
+
+def tune_executor(args) -> int:
+    """--executor-from: fit the schedule executor's constants to bench records and write them into a profile."""
+    records = []
+    for path in args.executor_from:
+        with open(path) as f:
+            records += [json.loads(line) for line in f if line.strip()]
+    base = selector.load_profile(settings.value("TILECOMM_PROFILE") or None)
+    consts, notes = executor_model.fit(records, base.get("cuda_executor"))
+    for note in notes:
+        print(f"warning: {note}", file=sys.stderr)
+    profile = json.loads(json.dumps(base))
+    profile["cuda_executor"] = consts
+    profile["warnings"] = list(profile.get("warnings", [])) + notes
+    selector.save_profile(profile, args.output)
+    print(executor_report(consts, records))
+    print(f"\nwrote {args.output}; use it with TILECOMM_PROFILE={os.path.abspath(args.output)}")
+    return 0
+
+
+def executor_report(consts, records) -> str:
+    """The fitted constants; per world size, the regret the tables from `consts` would have on the records'
+    forced times, and that of the choices the records measured (their ``tilecomm`` rows)."""
+    lines = ["| memory | alpha (us) | per round (us) | per step and rank (us) | beta (GB/s) | points | "
+             "median error | worst error |", "|---|---|---|---|---|---|---|---|"]
+    for m in executor_model.MEMORIES:
+        c = consts[m]
+        f = c.get("fit", {})
+        med, worst = (f"{f[k]:.0%}" if f.get(k) is not None else "(default)" for k in ("median_error", "worst_error"))
+        bw = f"{1e-9 / c['beta_s_per_byte']:.0f}" if c["beta_s_per_byte"] > 0 else "inf"
+        lines.append(f"| {m} | {c['alpha_s'] * 1e6:.2f} | {c['alpha_round_s'] * 1e6:.2f} | "
+                     f"{c['alpha_step_s'] * 1e6:.2f} | {bw} | {f.get('points', 0)} | {med} | {worst} |")
+    model = executor_model.regret(records, consts)
+    measured = executor_model.measured_regret(records)
+    lines += ["", "| memory | world | collective | points | tables' regret mean | worst (bytes) | "
+              "measured choice's mean | worst (bytes) |", "|---|---|---|---|---|---|---|---|"]
+
+    def cells(rs):
+        worst = max(rs, key=lambda x: x[1])
+        return f"{statistics.mean(r[1] for r in rs):.3f} | {worst[1]:.2f} ({worst[0]})"
+
+    for key, rs in sorted(model.items()):
+        got = measured.get(key)
+        lines.append(f"| {' | '.join(map(str, key))} | {len(rs)} | {cells(rs)} | "
+                     + (f"{cells(got)} |" if got else "- | - |"))
+    for m, p in sorted({k[:2] for k in model}):
+        rs = [r for k, v in model.items() if k[:2] == (m, p) for r in v]
+        got = [r for k, v in measured.items() if k[:2] == (m, p) for r in v]
+        lines.append(f"| {m} | {p} | all | {len(rs)} | {cells(rs)} | " + (f"{cells(got)} |" if got else "- | - |"))
+    return "\n".join(lines)
 
 
 def cuda_report(consts, records) -> str:
@@ -649,6 +705,9 @@ def build_parser():
                         "best fixed choice per point would score across them")
     p.add_argument("--cuda-from", default="", metavar="LATENCY_JSONL",
                    help="fit the CUDA kernels' constants to benchmarks/gpu_latency.py records instead of tuning")
+    p.add_argument("--executor-from", nargs="+", default=[], metavar="BENCH_JSONL",
+                   help="fit the GPU schedule executor's constants to tilecomm.bench --device cuda --graph records "
+                        "of forced algorithms instead of tuning")
     return p
 
 
@@ -657,6 +716,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.cuda_from:
         return tune_cuda(args)
+    if args.executor_from:
+        return tune_executor(args)
     if args.minbytes < 1 or args.maxbytes < args.minbytes:
         parser.error("sizes: need 1 <= -b <= -e")
     if args.stepfactor < 2 or args.iters < 1 or args.warmup < 0 or args.repeats < 1:

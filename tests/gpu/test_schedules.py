@@ -30,8 +30,24 @@ FORCED = {
                            "broadcast": "broadcast_scatter_allgather"},
     "rabenseifner": {"all_reduce": "allreduce_rabenseifner"},
     "hierarchical": {"all_reduce": "allreduce_hierarchical"},
-    "auto": {},  # the decision table's choice (a direct CPU algorithm falls back to the first scheduled one)
+    "auto": {},  # the executor's decision table's choice (auto_algos)
 }
+SIZES = [0, 1, 7, 1031]  # elements
+
+
+def auto_algos(world, memory="cuda_ipc"):
+    """What the executor's tables (executor_model, the shipped profile) pick for every buffer of
+    test_every_schedule: the first size range of each table covers them all (checked here)."""
+    from tilecomm import algorithms, executor_model, selector  # noqa: PLC0415
+
+    tables = executor_model.build_tables(world, {}, selector.DEFAULT_PROFILE)[memory]
+    largest = world * max(SIZES) * 8  # all_gather's output of the widest dtype
+    out = {}
+    for coll in FORCED["ring"]:
+        (max_bytes, aid), *_ = tables[coll]
+        assert max_bytes >= largest, (coll, tables[coll])
+        out[coll] = algorithms.ALGORITHMS[aid].name
+    return out
 
 
 def env_of(config, memory="cuda_ipc"):
@@ -46,8 +62,8 @@ def env_of(config, memory="cuda_ipc"):
 @pytest.mark.parametrize("world", WORLDS)
 def test_every_schedule(pools, world, config):
     pools.run(world, env_of(config), "schedule_matrix", dtypes=["float32", "bfloat16", "int32", "uint8", "bool"],
-              ops=["sum", "avg", "product", "min", "max", "premul_sum", "bxor"], sizes=[0, 1, 7, 1031],
-              algos=FORCED[config])
+              ops=["sum", "avg", "product", "min", "max", "premul_sum", "bxor"], sizes=SIZES,
+              algos=FORCED[config] or auto_algos(world))
 
 
 @pytest.mark.parametrize("config", ["ring", "tree"])

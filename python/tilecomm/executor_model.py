@@ -1,0 +1,199 @@
+"""Cost model of the GPU's schedule executor, and the decision tables it gives CUDA tensors.
+
+broadcast, reduce, gather, scatter, and all_gather, reduce_scatter and all_reduce where no direct
+kernel runs them, walk a scheduled algorithm inside one kernel (Note [Schedule executor] in
+``csrc/cuda/schedule_executor.h``). The CPU's decision tables price schedules with shared
+memory's constants, whose latency-to-bandwidth ratio is some 100x the GPU's, so on the GPU they
+pick bandwidth-saving algorithms at sizes where a shallow one wins. These tables price the same
+schedules with the executor's constants. An algorithm's predicted time for an n-byte buffer at p
+ranks over one peer memory (``predict``, the one formula)::
+
+    alpha + rounds * alpha_round + steps * p * alpha_step + wire * n * beta
+
+``rounds`` and ``wire`` are the schedule's own cost terms (``schedule.cost_terms``: the critical
+path, and bytes sent per buffer byte by the busiest rank); ``steps`` is the busiest rank's sends
+and receives over all its rounds. A step's channels are served by the thread blocks of its lane,
+and a rank's block budget is the GPU's SMs divided by p: a round of many steps at many ranks runs
+each step on few blocks, hence the ``steps * p`` term. alpha (s per call), alpha_round (s per
+round on the critical path), alpha_step (s per step and rank) and beta (s per byte) belong to a
+peer memory: ``cuda_ipc`` (GPU memory) or ``host_mapped`` (shared host memory over PCIe). They
+live in the profile's ``cuda_executor`` section, the shipped default's or one fitted by ``python
+-m tilecomm.tune --executor-from``. Reductions on the GPU are part of beta (the executor reduces
+a slice as it copies it).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from tilecomm import algorithms
+from tilecomm.schedule import cost_terms
+
+MEMORIES = ("cuda_ipc", "host_mapped")  # the executor's peer memories, in cuda::PeerMemory order
+KEYS = ("alpha_s", "alpha_round_s", "alpha_step_s", "beta_s_per_byte")
+MAX_BYTES = (1 << 64) - 1
+_GRID = [0] + [1 << k for k in range(41)]  # 1 B .. 1 TiB, as the CPU tables
+
+# Fitted on one H200 shared by 2, 4 and 8 ranks under MPS, from CUDA-graph replay of every scheduled
+# algorithm forced in turn (scripts/gpu-executor-algos; benchmarks/results/executor_algos_h200.jsonl;
+# the fit, its errors and the regret: docs/benchmarks.md). host_mapped was not measured: it takes
+# cuda_ipc's latencies and the host_mapped simple protocol's beta (cuda_model.DEFAULT).
+DEFAULT = {
+    "cuda_ipc": {"alpha_s": 1.1e-05, "alpha_round_s": 3.2e-06, "alpha_step_s": 3.2e-07, "beta_s_per_byte": 1.1e-11},
+    "host_mapped": {"alpha_s": 1.1e-05, "alpha_round_s": 3.2e-06, "alpha_step_s": 3.2e-07,
+                    "beta_s_per_byte": 6.3e-11},
+}
+
+
+def candidates(collective: str) -> list[algorithms.Algorithm]:
+    """The algorithms of a collective the executor can walk: those with a schedule."""
+    return [a for a in algorithms.for_collective(collective) if not a.direct]
+
+
+COLLECTIVES = tuple(c for c in algorithms.COLLECTIVES if candidates(c))
+
+_features: dict = {}
+
+
+def features(algo: algorithms.Algorithm, p: int, layout=None) -> tuple[int, float, int]:
+    """(rounds, wire, steps) of a scheduled algorithm at p ranks (on hosts `layout`)."""
+    key = (algo.id, p, tuple(layout) if layout is not None else None)
+    if key not in _features:
+        s = algo.schedule(p, layout)
+        t = cost_terms(s)
+        steps = max((sum(len(rnd) for rnd in rank) for rank in s.ranks), default=0)
+        _features[key] = (t.rounds, t.wire, steps)
+    return _features[key]
+
+
+def row(algo: algorithms.Algorithm, p: int, nbytes: int, layout=None) -> list[float]:
+    """What each constant of KEYS multiplies in the prediction."""
+    rounds, wire, steps = features(algo, p, layout)
+    return [1.0, float(rounds), float(steps * p), wire * nbytes]
+
+
+def predict(algo: algorithms.Algorithm, p: int, nbytes: int, consts: dict, layout=None) -> float:
+    """Predicted seconds of one executor call (constants of one memory, as ``constants`` gives them)."""
+    return sum(c * x for c, x in zip((consts[k] for k in KEYS), row(algo, p, nbytes, layout)))
+
+
+def constants(profile) -> dict:
+    """The profile's ``cuda_executor`` section, completed from the shipped default where it has no entry."""
+    own = (profile or {}).get("cuda_executor", {})
+    return {m: dict(own.get(m) or DEFAULT[m]) for m in MEMORIES}
+
+
+def build_table(collective: str, p: int, forced: dict[str, str], consts: dict, layout=None):
+    """[(max_bytes, algorithm id), ...] of one collective on the executor over one memory."""
+    if collective in forced:
+        return [(MAX_BYTES, algorithms.by_name(forced[collective]).id)]
+    cands = candidates(collective)
+    table: list[tuple[int, int]] = []
+    for n in _GRID:
+        best = min(cands, key=lambda a: (predict(a, p, n, consts, layout), a.id))
+        if table and table[-1][1] == best.id:
+            table[-1] = (n, best.id)
+        else:
+            table.append((n, best.id))
+    table[-1] = (MAX_BYTES, table[-1][1])
+    return table
+
+
+def build_tables(p: int, forced: dict[str, str], profile, layout=None) -> dict:
+    """{memory: {collective: table}}: the executor's decision tables at p ranks."""
+    consts = constants(profile)
+    return {m: {c: build_table(c, p, forced, consts[m], layout) for c in COLLECTIVES} for m in MEMORIES}
+
+
+def check(section, where: str):
+    """Raises ValueError unless `section` is a valid ``cuda_executor`` profile section."""
+    if not isinstance(section, dict):
+        raise ValueError(f"{where}: expected an object")
+    for m, c in section.items():
+        if m not in MEMORIES or not isinstance(c, dict):
+            raise ValueError(f"{where}: {m!r} is not one of {', '.join(MEMORIES)} with an object")
+        for key in KEYS:
+            v = c.get(key)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0 or v == float("inf"):
+                raise ValueError(f"{where}.{m}.{key}: expected a finite number >= 0, got {v!r}")
+
+
+def samples(records) -> list[tuple[str, algorithms.Algorithm, int, int, float]]:
+    """(memory, algorithm, p, bytes, seconds) of every CUDA-graph row of a forced scheduled algorithm
+    in ``python -m tilecomm.bench --device cuda --graph`` records (``tilecomm:<algorithm>`` backends;
+    the group's own ``tilecomm`` rows validate the fit and are left out, and so are direct algorithms,
+    which the executor does not run)."""
+    out = []
+    for r in records:
+        backend = r.get("backend", "")
+        if not (r.get("device") == "cuda" and r.get("graph") and backend.startswith("tilecomm:")):
+            continue
+        algo = next((a for a in candidates(r.get("collective", "")) if a.short == backend.split(":", 1)[1]), None)
+        t = r.get("time_us")
+        if algo is None or not isinstance(t, (int, float)) or t <= 0 or r.get("wrong"):
+            continue
+        memory = "host_mapped" if r.get("transport") == "host_mapped" else "cuda_ipc"
+        out.append((memory, algo, int(r["world"]), int(r["bytes"]), float(t) * 1e-6))
+    return out
+
+
+def fit(records, base=None) -> tuple[dict, list[str]]:
+    """Least-squares constants (relative error) per memory from bench records; a memory without enough
+    points keeps `base`'s (else the shipped default's). Returns (cuda_executor section, warnings)."""
+    import numpy as np  # noqa: PLC0415
+
+    from tilecomm.fit import bounded_lstsq, errors  # noqa: PLC0415
+
+    consts, notes = constants({"cuda_executor": base or {}}), []
+    pts = samples(records)
+    for m in MEMORIES:
+        rows = [(a, p, n, t) for mm, a, p, n, t in pts if mm == m]
+        distinct, worlds = len({(a.id, p, n) for a, p, n, _ in rows}), len({p for _, p, _, _ in rows})
+        if distinct < 8 or worlds < 2:
+            notes.append(f"cuda_executor {m}: {distinct} distinct point(s) at {worlds} world size(s) (needs 8 and 2); "
+                         "kept the defaults")
+            continue
+        A = np.array([row(a, p, n) for a, p, n, _ in rows])
+        t = np.array([r[3] for r in rows])
+        x = bounded_lstsq(A / t[:, None], np.ones_like(t), [0.0] * len(KEYS))
+        err = errors(A @ x, t)
+        consts[m] = dict(zip(KEYS, (float(v) for v in x)))
+        consts[m]["fit"] = {"points": err["points"], "median_error": err["median"], "worst_error": err["worst"]}
+    return consts, notes
+
+
+def regret(records, consts: dict) -> dict:
+    """{(memory, world, collective): [(bytes, chosen's time / fastest's, chosen, fastest)]}: how the
+    tables built from `consts` would choose among the forced algorithms the records timed, per point."""
+    times: dict = defaultdict(dict)
+    for m, a, p, n, t in samples(records):
+        times[(m, p, a.collective, n)][a] = t
+    out: dict = defaultdict(list)
+    for (m, p, coll, n), per in sorted(times.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2], kv[0][3])):
+        if len(per) < 2:
+            continue
+        chosen = min(candidates(coll), key=lambda a: (predict(a, p, n, consts[m]), a.id))
+        if chosen not in per:
+            continue
+        fastest = min(per, key=per.get)
+        out[(m, p, coll)].append((n, per[chosen] / per[fastest], chosen.short, fastest.short))
+    return out
+
+
+def measured_regret(records) -> dict:
+    """{(memory, world, collective): [(bytes, the group's own choice's time / fastest forced one's)]}
+    from the ``tilecomm`` rows of the same records (what the tables in use when they ran chose)."""
+    own = {}
+    for r in records:
+        if r.get("backend") == "tilecomm" and r.get("device") == "cuda" and r.get("graph") and not r.get("wrong"):
+            memory = "host_mapped" if r.get("transport") == "host_mapped" else "cuda_ipc"
+            own[(memory, int(r["world"]), r["collective"], int(r["bytes"]))] = r["time_us"] * 1e-6
+    best: dict = {}
+    for m, a, p, n, t in samples(records):
+        key = (m, p, a.collective, n)
+        best[key] = min(best.get(key, t), t)
+    out: dict = defaultdict(list)
+    for key in sorted(own):
+        if key in best:
+            out[key[:3]].append((key[3], own[key] / best[key]))
+    return out
