@@ -146,10 +146,15 @@ def check(section, where: str):
             at = f"{where}.{m}.{pr}"
             if pr not in PROTOCOLS or not isinstance(c, dict):
                 raise ValueError(f"{at}: expected a protocol ({', '.join(PROTOCOLS)}) with an object")
-            for key in _KEYS:
-                v = c.get(key)
-                if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0 or v == float("inf"):
-                    raise ValueError(f"{at}.{key}: expected a finite number >= 0, got {v!r}")
+            check_constants(c, _KEYS, at)
+
+
+def check_constants(c: dict, keys, at: str):
+    """Raises ValueError unless every key of `keys` in `c` is a finite number >= 0."""
+    for key in keys:
+        v = c.get(key)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0 or v == float("inf"):
+            raise ValueError(f"{at}.{key}: expected a finite number >= 0, got {v!r}")
 
 
 def samples(records) -> list[tuple[str, str, int, int, float]]:

@@ -26,13 +26,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from tilecomm import algorithms
+from tilecomm import algorithms, cuda_model
 from tilecomm.schedule import cost_terms
 
 MEMORIES = ("cuda_ipc", "host_mapped")  # the executor's peer memories, in cuda::PeerMemory order
 KEYS = ("alpha_s", "alpha_round_s", "alpha_step_s", "beta_s_per_byte")
 MAX_BYTES = (1 << 64) - 1
-_GRID = [0] + [1 << k for k in range(41)]  # 1 B .. 1 TiB, as the CPU tables
 
 # Fitted on one H200 shared by 2, 4 and 8 ranks under MPS, from CUDA-graph replay of every scheduled
 # algorithm forced in turn (scripts/gpu-executor-algos; benchmarks/results/executor_algos_h200.jsonl;
@@ -87,16 +86,9 @@ def build_table(collective: str, p: int, forced: dict[str, str], consts: dict, l
     """[(max_bytes, algorithm id), ...] of one collective on the executor over one memory."""
     if collective in forced:
         return [(MAX_BYTES, algorithms.by_name(forced[collective]).id)]
-    cands = candidates(collective)
-    table: list[tuple[int, int]] = []
-    for n in _GRID:
-        best = min(cands, key=lambda a: (predict(a, p, n, consts, layout), a.id))
-        if table and table[-1][1] == best.id:
-            table[-1] = (n, best.id)
-        else:
-            table.append((n, best.id))
-    table[-1] = (MAX_BYTES, table[-1][1])
-    return table
+    from tilecomm import selector  # noqa: PLC0415 (selector imports this module)
+
+    return selector.cheapest_table(candidates(collective), lambda a, n: predict(a, p, n, consts, layout))
 
 
 def build_tables(p: int, forced: dict[str, str], profile, layout=None) -> dict:
@@ -112,10 +104,7 @@ def check(section, where: str):
     for m, c in section.items():
         if m not in MEMORIES or not isinstance(c, dict):
             raise ValueError(f"{where}: {m!r} is not one of {', '.join(MEMORIES)} with an object")
-        for key in KEYS:
-            v = c.get(key)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0 or v == float("inf"):
-                raise ValueError(f"{where}.{m}.{key}: expected a finite number >= 0, got {v!r}")
+        cuda_model.check_constants(c, KEYS, f"{where}.{m}")
 
 
 def samples(records) -> list[tuple[str, algorithms.Algorithm, int, int, float]]:

@@ -209,13 +209,15 @@ def build_table(collective: str, p: int, forced: dict[str, str], profile=DEFAULT
     if collective in forced:
         return [(MAX_BYTES, algorithms.by_name(forced[collective]).id)]
     cost = {a.id: terms(a, p, layout, domains) for a in cands}
+    return cheapest_table(cands, lambda a, n: predict(cost[a.id], n, profile, algo=a.name, world=p).total_s)
 
-    def total(a, n):
-        return predict(cost[a.id], n, profile, algo=a.name, world=p).total_s
 
+def cheapest_table(cands, seconds) -> list[tuple[int, int]]:
+    """[(max_bytes, algorithm id), ...]: at each size of the grid, the candidate with the least
+    seconds(algorithm, nbytes) (ties: the lower id), neighbouring sizes of one winner merged."""
     table: list[tuple[int, int]] = []
     for n in _GRID:
-        best = min(cands, key=lambda a: (total(a, n), a.id))
+        best = min(cands, key=lambda a: (seconds(a, n), a.id))
         if table and table[-1][1] == best.id:
             table[-1] = (n, best.id)
         else:

@@ -289,35 +289,32 @@ def tune(args, worlds):
 
 def tune_cuda(args) -> int:
     """--cuda-from: fit the CUDA model to gpu_latency records and write it into a profile."""
-    with open(args.cuda_from) as f:
-        records = [json.loads(line) for line in f if line.strip()]
-    base = selector.load_profile(settings.value("TILECOMM_PROFILE") or None)
-    consts, notes = cuda_model.fit(records, base.get("cuda"))
-    profile = json.loads(json.dumps(base))
-    profile["cuda"] = consts
-    profile["warnings"] = list(profile.get("warnings", [])) + notes
-    selector.save_profile(profile, args.output)
-    print(cuda_report(consts, records))
-    print(f"\nwrote {args.output}; use it with TILECOMM_PROFILE={os.path.abspath(args.output)}")
-    return 0
+    return _fit_section("cuda", cuda_model.fit, cuda_report, [args.cuda_from], args.output)
 
 
 def tune_executor(args) -> int:
     """--executor-from: fit the schedule executor's constants to bench records and write them into a profile."""
+    return _fit_section("cuda_executor", executor_model.fit, executor_report, args.executor_from, args.output)
+
+
+def _fit_section(key, fit_section, report, paths, output) -> int:
+    """Fits profile section `key` to the JSONL records of `paths` (fit_section(records, base section) ->
+    (section, warnings)), writes it into a copy of the current profile (TILECOMM_PROFILE's, else the
+    shipped one) at `output`, and prints report(section, records)."""
     records = []
-    for path in args.executor_from:
+    for path in paths:
         with open(path) as f:
             records += [json.loads(line) for line in f if line.strip()]
     base = selector.load_profile(settings.value("TILECOMM_PROFILE") or None)
-    consts, notes = executor_model.fit(records, base.get("cuda_executor"))
+    consts, notes = fit_section(records, base.get(key))
     for note in notes:
         print(f"warning: {note}", file=sys.stderr)
     profile = json.loads(json.dumps(base))
-    profile["cuda_executor"] = consts
+    profile[key] = consts
     profile["warnings"] = list(profile.get("warnings", [])) + notes
-    selector.save_profile(profile, args.output)
-    print(executor_report(consts, records))
-    print(f"\nwrote {args.output}; use it with TILECOMM_PROFILE={os.path.abspath(args.output)}")
+    selector.save_profile(profile, output)
+    print(report(consts, records))
+    print(f"\nwrote {output}; use it with TILECOMM_PROFILE={os.path.abspath(output)}")
     return 0
 
 
