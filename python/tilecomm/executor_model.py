@@ -49,7 +49,8 @@ def candidates(collective: str) -> list[algorithms.Algorithm]:
     return [a for a in algorithms.for_collective(collective) if not a.direct]
 
 
-COLLECTIVES = tuple(c for c in algorithms.COLLECTIVES if candidates(c))
+# barrier has no tensor: it never runs on the executor.
+COLLECTIVES = tuple(c for c in algorithms.COLLECTIVES if candidates(c) and c != "barrier")
 
 _features: dict = {}
 

@@ -8,6 +8,10 @@ a host, TCP between): byte ranges and the algorithm picked in each. With ``--siz
 algorithm with its predicted time split into the latency, bandwidth and
 reduction terms, fastest first, the table's pick marked. The profile is
 ``--profile``, else TILECOMM_PROFILE, else the shipped default.
+
+``--device cuda`` shows the tables of the GPU's schedule executor instead (over
+``--memory``, cuda_ipc by default; ``executor_model``), and with ``--size`` every
+scheduled candidate's prediction split into its call, round, step and byte terms.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tilecomm import algorithms, bench, selector, settings
+from tilecomm import algorithms, bench, executor_model, selector, settings
 
 _UNITS = [(1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")]
 _DTYPES = sorted({str(d).replace("torch.", "") for d in bench.DTYPES.values()})
@@ -73,6 +77,47 @@ def candidate_lines(collective: str, world: int, nbytes: int, dtype: str, profil
     return lines
 
 
+def executor_lines(collective: str, world: int, memory: str, profile) -> list[str]:
+    consts = executor_model.constants(profile)[memory]
+    table = executor_model.build_table(collective, world, {}, consts)
+    lines = [f"{collective}, world size {world}, CUDA tensors (schedule executor over {memory}):"]
+    for lo, hi, algo in selector.table_ranges(table):
+        span = f"{format_bytes(lo)} .. {'inf' if hi is None else format_bytes(hi)}"
+        lines.append(f"  {span:<28} {algo.name}")
+    if collective in _DIRECT_FIRST:
+        lines.append(f"  note: {_DIRECT_FIRST[collective]}")
+    return lines
+
+
+# Where a direct kernel runs a CUDA collective before the executor (docs/env.md has the settings).
+_DIRECT_FIRST = {
+    "all_reduce": "the direct kernels (LL, one_shot, two_shot, registered) run it unless "
+                  "TILECOMM_CUDA_ALLREDUCE=scheduled",
+    "all_gather": "the LL, registered and NVSHMEM kernels run it where they apply",
+    "reduce_scatter": "the NVSHMEM kernels run it where they apply",
+}
+
+
+def executor_candidate_lines(collective: str, world: int, nbytes: int, memory: str, profile) -> list[str]:
+    consts = executor_model.constants(profile)[memory]
+    picked = selector.lookup(executor_model.build_table(collective, world, {}, consts), nbytes)
+    rows = []
+    for a in executor_model.candidates(collective):
+        parts = [c * x for c, x in zip((consts[k] for k in executor_model.KEYS), executor_model.row(a, world, nbytes))]
+        rows.append((sum(parts), a.id, a, parts, executor_model.features(a, world)))
+    rows.sort(key=lambda r: (r[0], r[1]))
+    lines = [f"{collective} of {format_bytes(nbytes)} ({nbytes} B), world size {world}, schedule executor over "
+             f"{memory}; predicted us:",
+             f"  {'':2}{'algorithm':<34}{'total':>9}{'call':>9}{'rounds':>9}{'steps':>9}{'bytes':>9}"
+             "  (rounds, steps, wire)"]
+    for total, _, a, parts, (rounds, wire, steps) in rows:
+        mark = "*" if a.id == picked.id else ""
+        lines.append(f"  {mark:<2}{a.name:<34}{total * 1e6:>9.2f}" + "".join(f"{x * 1e6:>9.2f}" for x in parts)
+                     + f"  ({rounds}, {steps}, {wire:.3g})")
+    lines.append("  * = the executor's decision table's pick")
+    return lines
+
+
 def build_parser():
     ap = argparse.ArgumentParser(prog="python -m tilecomm.explain", description=__doc__.split("\n\n")[0])
     ap.add_argument("--collective", required=True, choices=algorithms.COLLECTIVES + ["all"])
@@ -81,6 +126,10 @@ def build_parser():
     ap.add_argument("--size", type=bench.parse_size, help="also break down every candidate at this size (e.g. 1MB)")
     ap.add_argument("--dtype", default=selector.TABLE_DTYPE, choices=_DTYPES, help="dtype for --size's reduction term")
     ap.add_argument("--profile", help="profile JSON (default: TILECOMM_PROFILE, else the shipped default)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="cuda: the GPU schedule executor's tables (broadcast, reduce, gather, scatter, ...)")
+    ap.add_argument("--memory", default="cuda_ipc", choices=executor_model.MEMORIES,
+                    help="with --device cuda: the GPUs' peer memory")
     return ap
 
 
@@ -103,6 +152,18 @@ def main(argv=None):
     layout = host_layout(args.world_size, args.hosts) if args.hosts > 1 else None
     if cfg["TILECOMM_ALGO"]:
         out.append(f"note: TILECOMM_ALGO={cfg['TILECOMM_ALGO']!r} is set; groups would use the algorithms it forces")
+    if args.device == "cuda":
+        if args.hosts > 1:
+            ap.error("--device cuda: CUDA tensors of groups across hosts are staged through host memory")
+        colls = executor_model.COLLECTIVES if args.collective == "all" else [args.collective]
+        if args.collective not in executor_model.COLLECTIVES + ("all",):
+            ap.error(f"--device cuda: {args.collective} does not run on the schedule executor")
+        for coll in colls:
+            out += [""] + executor_lines(coll, args.world_size, args.memory, profile)
+            if args.size is not None:
+                out += [""] + executor_candidate_lines(coll, args.world_size, args.size, args.memory, profile)
+        print("\n".join(out))
+        return 0
     colls = algorithms.COLLECTIVES if args.collective == "all" else [args.collective]
     for coll in colls:
         out.append("")

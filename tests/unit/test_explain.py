@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from tilecomm import algorithms, explain, selector
+from tilecomm import algorithms, executor_model, explain, selector
 
 
 @pytest.fixture(autouse=True)
@@ -122,6 +122,10 @@ def test_dtype_note_when_gamma_would_change_the_choice(capsys, tmp_path):
         (["--collective", "all_reduce", "--world-size", "4", "--hosts", "8"], "--hosts must be between"),
         (["--collective", "allreduce", "--world-size", "4"], "invalid choice"),
         (["--collective", "all_reduce", "--world-size", "4", "--profile", "/no/such/profile.json"], "cannot read it"),
+        (["--collective", "all_to_all", "--world-size", "4", "--device", "cuda"], "does not run on the schedule"),
+        (["--collective", "broadcast", "--world-size", "4", "--hosts", "2", "--device", "cuda"], "staged"),
+        (["--collective", "broadcast", "--world-size", "4", "--device", "cuda", "--memory", "nvshmem"],
+         "invalid choice"),
     ],
 )
 def test_bad_arguments(capsys, argv, match):
@@ -129,3 +133,35 @@ def test_bad_arguments(capsys, argv, match):
         explain.main(argv)
     assert e.value.code == 2
     assert match in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("memory", executor_model.MEMORIES)
+def test_cuda_prints_the_executors_tables(capsys, memory):
+    """--device cuda: the executor's table over the memory, and its candidates' terms at a size."""
+    out = run(capsys, "--collective", "gather", "--world-size", "8", "--size", "32K", "--device", "cuda",
+              "--memory", memory)
+    assert f"gather, world size 8, CUDA tensors (schedule executor over {memory}):" in out
+    consts = executor_model.constants(None)[memory]
+    table = executor_model.build_table("gather", 8, {}, consts)
+    rows = re.findall(r"^  (\S+ \S+) \.\. (\S+(?: \S+)?)\s+(\w+)$", out, re.M)
+    assert [r[2] for r in rows] == [algorithms.ALGORITHMS[aid].name for _, aid in table]
+    lines = [line for line in out.splitlines() if re.match(r"^  [* ] gather_", line)]
+    assert len(lines) == len(executor_model.candidates("gather"))
+    totals = []
+    for line in lines:
+        name, total, *parts = re.match(r"^  [* ] (\w+)" + r"\s+([\d.]+)" * 5, line).groups()
+        algo = algorithms.by_name(name)
+        assert float(total) == pytest.approx(executor_model.predict(algo, 8, 32768, consts) * 1e6, abs=0.01)
+        assert sum(map(float, parts)) == pytest.approx(float(total), abs=0.05)
+        totals.append(float(total))
+    assert totals == sorted(totals)
+    picked = selector.lookup(table, 32768)
+    assert [line for line in lines if line.startswith("  *")] == [line for line in lines if picked.name in line]
+
+
+def test_cuda_all_notes_the_direct_kernels(capsys):
+    out = run(capsys, "--collective", "all", "--world-size", "4", "--device", "cuda")
+    for coll in executor_model.COLLECTIVES:
+        assert f"{coll}, world size 4, CUDA tensors" in out
+    assert "barrier" not in out and "all_to_all" not in out
+    assert "TILECOMM_CUDA_ALLREDUCE=scheduled" in out
