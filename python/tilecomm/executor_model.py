@@ -33,14 +33,14 @@ MEMORIES = ("cuda_ipc", "host_mapped")  # the executor's peer memories, in cuda:
 KEYS = ("alpha_s", "alpha_round_s", "alpha_step_s", "beta_s_per_byte")
 MAX_BYTES = (1 << 64) - 1
 
-# Fitted on one H200 shared by 2, 4 and 8 ranks under MPS, from CUDA-graph replay of every scheduled
-# algorithm forced in turn (scripts/gpu-executor-algos; benchmarks/results/executor_algos_h200.jsonl;
-# the fit, its errors and the regret: docs/benchmarks.md). host_mapped was not measured: it takes
-# cuda_ipc's latencies and the host_mapped simple protocol's beta (cuda_model.DEFAULT).
+# Fitted on one H200 shared by the ranks under MPS, from CUDA-graph replay of every scheduled algorithm
+# forced in turn (scripts/gpu-executor-algos): cuda_ipc at 2, 4 and 8 ranks
+# (benchmarks/results/executor_algos_h200.jsonl), host_mapped (TILECOMM_TRANSPORT=host_mapped, shared
+# host memory) at 2 and 4 (..._host_mapped.jsonl); the fit, its errors and the regret: docs/benchmarks.md.
 DEFAULT = {
     "cuda_ipc": {"alpha_s": 1.1e-05, "alpha_round_s": 3.2e-06, "alpha_step_s": 3.2e-07, "beta_s_per_byte": 1.1e-11},
-    "host_mapped": {"alpha_s": 1.1e-05, "alpha_round_s": 3.2e-06, "alpha_step_s": 3.2e-07,
-                    "beta_s_per_byte": 6.3e-11},
+    "host_mapped": {"alpha_s": 2.0e-05, "alpha_round_s": 2.3e-05, "alpha_step_s": 7.5e-06,
+                    "beta_s_per_byte": 6.5e-11},
 }
 
 
