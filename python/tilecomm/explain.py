@@ -89,10 +89,46 @@ def executor_lines(collective: str, world: int, memory: str, profile) -> list[st
     return lines
 
 
+def direct_lines(world: int, memory: str, profile, cfg, nbytes=None) -> list[str]:
+    """all_reduce's direct kernels over `memory`: the sizes each runs at (the CUDA model's crossovers,
+    or TILECOMM_LL_BYTES / TILECOMM_CUDA_TWO_SHOT_BYTES), and with nbytes every kernel's prediction."""
+    from tilecomm import _backend, cuda_model  # noqa: PLC0415
+
+    t = _backend._cuda_thresholds(cfg, profile, world)[memory]
+    ll, two = t["ll_bytes"], t["two_shot_bytes"]
+    ranges = []
+    if ll > 0:
+        ranges.append((0, ll, "allreduce_one_shot_ll"))
+    if two > ll + 1 or two == cuda_model.NEVER:
+        ranges.append((ll + 1 if ll else 0, None if two == cuda_model.NEVER else two - 1, "allreduce_one_shot"))
+    if two != cuda_model.NEVER:
+        ranges.append((max(two, ll + 1 if ll else 0), None, "allreduce_two_shot"))
+    lines = [f"all_reduce, world size {world}, CUDA tensors (direct kernels over {memory}, "
+             f"TILECOMM_CUDA_ALLREDUCE=auto):"]
+    for lo, hi, name in ranges:
+        span = f"{format_bytes(lo)} .. {'inf' if hi is None else format_bytes(hi)}"
+        lines.append(f"  {span:<28} {name}")
+    for key in ("TILECOMM_CUDA_ALLREDUCE", "TILECOMM_PROTO"):
+        if cfg[key] != "auto":
+            lines.append(f"  note: {key}={cfg[key]} is set; groups would not follow these ranges (docs/env.md)")
+    if memory == "cuda_ipc" and cfg["TILECOMM_CUDA_REGISTER_BYTES"] > 0:
+        lines.append(f"  from {format_bytes(cfg['TILECOMM_CUDA_REGISTER_BYTES'])} the two-shot on registered tensors "
+                     "(TILECOMM_CUDA_REGISTER_BYTES; not priced by the model)")
+    if nbytes is not None:
+        consts = cuda_model.constants(profile)
+        kernels = [k for k, v in cuda_model.KERNELS.items() if v.collective == "all_reduce"]
+        lines += ["", f"all_reduce of {format_bytes(nbytes)} ({nbytes} B), world size {world}, direct kernels over "
+                      f"{memory}; predicted us (CUDA model):"]
+        for k in sorted(kernels, key=lambda k: cuda_model.predict(k, world, nbytes, consts, memory)):
+            lines.append(f"    {k:<34}{cuda_model.predict(k, world, nbytes, consts, memory) * 1e6:>9.2f}")
+        if nbytes > cuda_model.LL_MAX_BYTES:
+            lines.append(f"  (LL runs up to its buffer, {format_bytes(cuda_model.LL_MAX_BYTES)})")
+    return lines
+
+
 # Where a direct kernel runs a CUDA collective before the executor (docs/env.md has the settings).
 _DIRECT_FIRST = {
-    "all_reduce": "the direct kernels (LL, one_shot, two_shot, registered) run it unless "
-                  "TILECOMM_CUDA_ALLREDUCE=scheduled",
+    "all_reduce": "the direct kernels above run it unless TILECOMM_CUDA_ALLREDUCE=scheduled",
     "all_gather": "the LL, registered and NVSHMEM kernels run it where they apply",
     "reduce_scatter": "the NVSHMEM kernels run it where they apply",
 }
@@ -159,6 +195,8 @@ def main(argv=None):
         if args.collective not in executor_model.COLLECTIVES + ("all",):
             ap.error(f"--device cuda: {args.collective} does not run on the schedule executor")
         for coll in colls:
+            if coll == "all_reduce":
+                out += [""] + direct_lines(args.world_size, args.memory, profile, cfg, args.size)
             out += [""] + executor_lines(coll, args.world_size, args.memory, profile)
             if args.size is not None:
                 out += [""] + executor_candidate_lines(coll, args.world_size, args.size, args.memory, profile)

@@ -165,3 +165,33 @@ def test_cuda_all_notes_the_direct_kernels(capsys):
         assert f"{coll}, world size 4, CUDA tensors" in out
     assert "barrier" not in out and "all_to_all" not in out
     assert "TILECOMM_CUDA_ALLREDUCE=scheduled" in out
+
+
+def _direct_rows(out):
+    block = out.split("(direct kernels over")[1].split("\n\n")[0]
+    return re.findall(r"^  (\S+ \S+) \.\. (\S+(?: \S+)?)\s+(allreduce_\w+)$", block, re.M)
+
+
+def test_cuda_all_reduce_shows_the_direct_kernels(capsys, monkeypatch):
+    """--device cuda, all_reduce: the direct kernels' ranges at the CUDA model's crossovers, and each
+    kernel's prediction at --size; a TILECOMM_CUDA_TWO_SHOT_BYTES setting moves them."""
+    from tilecomm import cuda_model
+
+    for key in ("TILECOMM_CUDA_TWO_SHOT_BYTES", "TILECOMM_LL_BYTES", "TILECOMM_CUDA_ALLREDUCE", "TILECOMM_PROTO"):
+        monkeypatch.delenv(key, raising=False)
+    out = run(capsys, "--collective", "all_reduce", "--world-size", "4", "--size", "64K", "--device", "cuda")
+    t = cuda_model.thresholds(None, 4)["cuda_ipc"]
+    rows = _direct_rows(out)
+    assert [r[2] for r in rows] == ["allreduce_one_shot_ll", "allreduce_one_shot", "allreduce_two_shot"]
+    assert rows[0][1] == explain.format_bytes(t["ll_bytes"]) and rows[2][0] == explain.format_bytes(t["two_shot_bytes"])
+    consts = cuda_model.constants(None)
+    for k in ("allreduce_one_shot_ll", "allreduce_one_shot", "allreduce_two_shot"):
+        got = float(re.search(rf"^    {k}\s+([\d.]+)$", out, re.M).group(1))
+        assert got == pytest.approx(cuda_model.predict(k, 4, 65536, consts, "cuda_ipc") * 1e6, abs=0.01)
+    assert "registered tensors" in out and "note: TILECOMM" not in out
+    monkeypatch.setenv("TILECOMM_CUDA_TWO_SHOT_BYTES", "0")
+    monkeypatch.setenv("TILECOMM_PROTO", "simple")
+    out = run(capsys, "--collective", "all_reduce", "--world-size", "2", "--device", "cuda", "--memory", "host_mapped")
+    rows = _direct_rows(out)
+    assert [r[2] for r in rows] == ["allreduce_one_shot_ll", "allreduce_two_shot"]
+    assert "note: TILECOMM_PROTO=simple is set" in out and "registered tensors" not in out
