@@ -413,8 +413,9 @@ void ProcessGroupTilecomm::runCall(const Host& h, const exec::CollCall& call) {
 void ProcessGroupTilecomm::reduceOver(const Host& h, Coll coll, at::Tensor& t, const c10d::ReduceOp& op, int root,
                                       uint64_t desc_count, int64_t timeout_ms) {
   premultiply(t, op);
-  runCall(h, exec::CollCall{coll, engine_->pick(coll, t.nbytes()), bytes(t), static_cast<uint64_t>(t.numel()),
-                            *toDType(t.scalar_type()), engineOp(op), root, desc_count, timeout_ms});
+  runCall(h, exec::CollCall{coll, engine_->pick(coll, t.nbytes(), !h.cudaOp()), bytes(t),
+                            static_cast<uint64_t>(t.numel()), *toDType(t.scalar_type()), engineOp(op), root,
+                            desc_count, timeout_ms});
 }
 
 void ProcessGroupTilecomm::move(const Host& h, Coll coll, at::Tensor& t, int root, uint64_t desc_count,
@@ -422,7 +423,7 @@ void ProcessGroupTilecomm::move(const Host& h, Coll coll, at::Tensor& t, int roo
   auto dt = toDType(t.scalar_type());
   DType d = dt.value_or(DType::kBytes);
   uint64_t count = dt ? t.numel() : t.nbytes();
-  runCall(h, exec::CollCall{coll, engine_->pick(coll, t.nbytes()), bytes(t), count, d, RedOp::kNone, root,
+  runCall(h, exec::CollCall{coll, engine_->pick(coll, t.nbytes(), !h.cudaOp()), bytes(t), count, d, RedOp::kNone, root,
                             desc_count, timeout_ms});
 }
 

@@ -65,11 +65,11 @@ void Engine::setNotes(Coll coll, std::vector<std::pair<uint64_t, std::string>> n
   notes_[static_cast<size_t>(coll)] = std::move(notes);
 }
 
-uint16_t Engine::pick(Coll coll, uint64_t nbytes) const {
+uint16_t Engine::pick(Coll coll, uint64_t nbytes, bool note) const {
   const auto& t = tables_[static_cast<size_t>(coll)];
   if (t.empty()) throw Error(ErrorKind::kInvalid, std::string("no algorithm registered for ") + collName(coll));
   const auto& notes = notes_[static_cast<size_t>(coll)];
-  if (!notes.empty()) {
+  if (note && !notes.empty()) {
     std::lock_guard<std::mutex> lk(notes_mu_);
     for (size_t i = 0; i < notes.size(); ++i) {
       if (nbytes > notes[i].first) continue;

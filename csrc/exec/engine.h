@@ -68,7 +68,9 @@ class Engine {
   void start();  // starts the progress threads
 
   // ---- per call ----
-  uint16_t pick(Coll coll, uint64_t nbytes) const;
+  /// The decision table's algorithm for an nbytes buffer; `note`: print its size class's
+  /// TILECOMM_DEBUG=INFO line (not for calls that the GPU's executor runs with its own table).
+  uint16_t pick(Coll coll, uint64_t nbytes, bool note = true) const;
   /// Every registered algorithm, by id (set-up is over: read-only from here on).
   const std::map<uint16_t, Algorithm>& algorithms() const { return algos_; }
   /// Runs a collective's schedule; call from inside a task (see submit/runNow).

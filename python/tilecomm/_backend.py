@@ -108,7 +108,9 @@ def create(opts, pg_options=None):
         cuda["register_bytes"] = register_bytes(cfg, forced)
         if getattr(_C, "HAS_CUDA", False):
             cuda["nvshmem_algorithms"] = _nvshmem_config(cfg, forced, profile, world, len(set(topo.domains)) == 1)
-            cuda["executor_tables"] = executor_model.build_tables(world, forced, profile, topo.layout)
+            # Only where the executor can run: one shared-memory domain, at most MAX_RANKS ranks.
+            one = len(set(topo.domains)) == 1 and world <= executor_model.MAX_RANKS
+            cuda["executor_tables"] = executor_model.build_tables(world, forced, profile, topo.layout) if one else {}
         return {"settings": cfg, "labels": labels, "links": links, "token": token, "tables": tables,
                 "profile": profile_info, "gpu_links": gpus, "cuda": cuda}
 
@@ -213,7 +215,7 @@ def create(opts, pg_options=None):
             nvshmem=agreed["cuda"]["nvshmem_algorithms"],
             register_bytes=agreed["cuda"]["register_bytes"],
             p2p=cfg["TILECOMM_CUDA_P2P"],
-            executor_tables=[[[tuple(e) for e in agreed["cuda"]["executor_tables"][m].get(c, [])]
+            executor_tables=[[[tuple(e) for e in agreed["cuda"]["executor_tables"].get(m, {}).get(c, [])]
                               for c in algorithms.COLLECTIVES] for m in executor_model.MEMORIES],
         )
     return pg

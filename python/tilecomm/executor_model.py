@@ -32,6 +32,7 @@ from tilecomm.schedule import cost_terms
 MEMORIES = ("cuda_ipc", "host_mapped")  # the executor's peer memories, in cuda::PeerMemory order
 KEYS = ("alpha_s", "alpha_round_s", "alpha_step_s", "beta_s_per_byte")
 MAX_BYTES = (1 << 64) - 1
+MAX_RANKS = 16  # cuda::kMaxRanks: larger groups stage CUDA tensors through host memory
 
 # Fitted on one H200 shared by the ranks under MPS, from CUDA-graph replay of every scheduled algorithm
 # forced in turn (scripts/gpu-executor-algos): cuda_ipc at 2, 4 and 8 ranks
@@ -141,7 +142,7 @@ def fit(records, base=None) -> tuple[dict, list[str]]:
         distinct, worlds = len({(a.id, p, n) for a, p, n, _ in rows}), len({p for _, p, _, _ in rows})
         if distinct < 8 or worlds < 2:
             notes.append(f"cuda_executor {m}: {distinct} distinct point(s) at {worlds} world size(s) (needs 8 and 2); "
-                         "kept the defaults")
+                         "kept the current constants")
             continue
         A = np.array([row(a, p, n) for a, p, n, _ in rows])
         t = np.array([r[3] for r in rows])
@@ -154,7 +155,8 @@ def fit(records, base=None) -> tuple[dict, list[str]]:
 
 def regret(records, consts: dict) -> dict:
     """{(memory, world, collective): [(bytes, chosen's time / fastest's, chosen, fastest)]}: how the
-    tables built from `consts` would choose among the forced algorithms the records timed, per point."""
+    tables built from `consts` would choose among the forced algorithms the records timed, per point
+    (records of one run: a point timed twice keeps its last time)."""
     times: dict = defaultdict(dict)
     for m, a, p, n, t in samples(records):
         times[(m, p, a.collective, n)][a] = t

@@ -95,7 +95,7 @@ def direct_lines(world: int, memory: str, profile, cfg, nbytes=None) -> list[str
     from tilecomm import _backend, cuda_model  # noqa: PLC0415
 
     t = _backend._cuda_thresholds(cfg, profile, world)[memory]
-    ll, two = t["ll_bytes"], t["two_shot_bytes"]
+    ll, two = min(t["ll_bytes"], cuda_model.LL_MAX_BYTES), t["two_shot_bytes"]  # LL: at most its buffer
     ranges = []
     if ll > 0:
         ranges.append((0, ll, "allreduce_one_shot_ll"))
@@ -194,6 +194,9 @@ def main(argv=None):
         colls = executor_model.COLLECTIVES if args.collective == "all" else [args.collective]
         if args.collective not in executor_model.COLLECTIVES + ("all",):
             ap.error(f"--device cuda: {args.collective} does not run on the schedule executor")
+        if args.world_size > executor_model.MAX_RANKS:
+            ap.error(f"--device cuda: groups of over {executor_model.MAX_RANKS} ranks stage CUDA tensors "
+                     "through host memory")
         for coll in colls:
             if coll == "all_reduce":
                 out += [""] + direct_lines(args.world_size, args.memory, profile, cfg, args.size)

@@ -711,6 +711,8 @@ def build_parser():
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.cuda_from and args.executor_from:
+        parser.error("--cuda-from and --executor-from: give one at a time (each writes its own -o profile)")
     if args.cuda_from:
         return tune_cuda(args)
     if args.executor_from:

@@ -80,6 +80,13 @@ def test_host_mapped(pools, world):
               ops=["sum", "min"], sizes=[1, 1031, 300_001], algos=FORCED["ring"])
 
 
+@pytest.mark.parametrize("world", WORLDS)
+def test_host_mapped_tables(pools, world):
+    """Over host_mapped, the executor takes host_mapped's table (not cuda_ipc's)."""
+    pools.run(world, env_of("auto", "host_mapped"), "schedule_matrix", dtypes=["float32"], ops=["sum"], sizes=SIZES,
+              algos=auto_algos(world, "host_mapped"))
+
+
 @pytest.mark.parametrize("config", ["ring", "tree"])
 @pytest.mark.parametrize("world", WORLDS)
 def test_graph_replay(pools, world, config):

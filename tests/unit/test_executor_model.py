@@ -66,7 +66,7 @@ def test_fit_recovers_known_constants():
     assert got["fit"]["median_error"] < 1e-9 and got["fit"]["worst_error"] < 1e-6
     # nothing was measured over host memory: its constants stay the default's, and a note says so
     assert consts["host_mapped"] == executor_model.DEFAULT["host_mapped"]
-    assert len(notes) == 1 and "host_mapped" in notes[0] and "kept the defaults" in notes[0]
+    assert len(notes) == 1 and "host_mapped" in notes[0] and "kept the current constants" in notes[0]
 
 
 def test_fit_with_noise_stays_close():
@@ -86,7 +86,7 @@ def test_too_few_points_keep_the_defaults():
     """One world size cannot tell the terms apart; no records at all give the defaults."""
     consts, notes = executor_model.fit(records(worlds=(4,)))
     assert consts == executor_model.constants(None)
-    assert len(notes) == 2 and all("kept the defaults" in n for n in notes)
+    assert len(notes) == 2 and all("kept the current constants" in n for n in notes)
     assert "cuda_ipc" in notes[0] and "host_mapped" in notes[1]
     consts, notes = executor_model.fit([])
     assert consts == executor_model.constants(None) == executor_model.DEFAULT
@@ -294,7 +294,7 @@ def test_tune_executor_from_writes_a_profile(tmp_path, capsys, monkeypatch):
     assert prof["links"] == selector.DEFAULT_PROFILE["links"]
     captured = capsys.readouterr()
     assert "| cuda_ipc |" in captured.out and "| host_mapped |" in captured.out
-    assert "kept the defaults" in captured.err
+    assert "kept the current constants" in captured.err
     assert "| 8 | all_reduce |" in captured.out
 
 

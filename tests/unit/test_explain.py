@@ -126,6 +126,7 @@ def test_dtype_note_when_gamma_would_change_the_choice(capsys, tmp_path):
         (["--collective", "broadcast", "--world-size", "4", "--hosts", "2", "--device", "cuda"], "staged"),
         (["--collective", "broadcast", "--world-size", "4", "--device", "cuda", "--memory", "nvshmem"],
          "invalid choice"),
+        (["--collective", "broadcast", "--world-size", "32", "--device", "cuda"], "over 16 ranks"),
     ],
 )
 def test_bad_arguments(capsys, argv, match):
@@ -195,3 +196,14 @@ def test_cuda_all_reduce_shows_the_direct_kernels(capsys, monkeypatch):
     rows = _direct_rows(out)
     assert [r[2] for r in rows] == ["allreduce_one_shot_ll", "allreduce_two_shot"]
     assert "note: TILECOMM_PROTO=simple is set" in out and "registered tensors" not in out
+
+
+def test_cuda_ll_range_stops_at_the_ll_buffer(capsys, monkeypatch):
+    """TILECOMM_LL_BYTES above the LL buffer: LL still runs only up to the buffer (as the CUDA side caps it)."""
+    from tilecomm import cuda_model
+
+    monkeypatch.setenv("TILECOMM_LL_BYTES", str(4 * cuda_model.LL_MAX_BYTES))
+    monkeypatch.setenv("TILECOMM_CUDA_TWO_SHOT_BYTES", "0")
+    rows = _direct_rows(run(capsys, "--collective", "all_reduce", "--world-size", "4", "--device", "cuda"))
+    assert rows[0] == ("0 B", explain.format_bytes(cuda_model.LL_MAX_BYTES), "allreduce_one_shot_ll")
+    assert rows[1] == (f"{cuda_model.LL_MAX_BYTES + 1} B", "inf", "allreduce_two_shot")
