@@ -474,9 +474,8 @@ void CudaGroup::setUpPrograms() {
 }
 
 uint16_t CudaGroup::executorPick(const exec::CollCall& call) const {
-  const int m = static_cast<int>(ipc_->memory());
-  if (m >= 2) return call.algo;  // the executor does not run over NVSHMEM's heap
-  const auto& tables = settings_.executor_tables[m];
+  if (ipc_->memory() == cuda::PeerMemory::kNvshmem) return call.algo;  // no executor over NVSHMEM's heap
+  const auto& tables = settings_.executor_tables[static_cast<int>(ipc_->memory())];
   const size_t c = static_cast<size_t>(call.coll);
   if (c >= tables.size() || tables[c].empty()) return call.algo;
   const uint64_t nbytes = call.count * dtypeSize(call.dtype);  // as the CPU table is asked (the buffer's bytes)

@@ -109,6 +109,11 @@ def check(section, where: str):
         cuda_model.check_constants(c, KEYS, f"{where}.{m}")
 
 
+def _memory(record) -> str:
+    """The peer memory a bench record ran over (its TILECOMM_TRANSPORT)."""
+    return "host_mapped" if record.get("transport") == "host_mapped" else "cuda_ipc"
+
+
 def samples(records) -> list[tuple[str, algorithms.Algorithm, int, int, float]]:
     """(memory, algorithm, p, bytes, seconds) of every CUDA-graph row of a forced scheduled algorithm
     in ``python -m tilecomm.bench --device cuda --graph`` records (``tilecomm:<algorithm>`` backends;
@@ -123,8 +128,7 @@ def samples(records) -> list[tuple[str, algorithms.Algorithm, int, int, float]]:
         t = r.get("time_us")
         if algo is None or not isinstance(t, (int, float)) or t <= 0 or r.get("wrong"):
             continue
-        memory = "host_mapped" if r.get("transport") == "host_mapped" else "cuda_ipc"
-        out.append((memory, algo, int(r["world"]), int(r["bytes"]), float(t) * 1e-6))
+        out.append((_memory(r), algo, int(r["world"]), int(r["bytes"]), float(t) * 1e-6))
     return out
 
 
@@ -161,7 +165,7 @@ def regret(records, consts: dict) -> dict:
     for m, a, p, n, t in samples(records):
         times[(m, p, a.collective, n)][a] = t
     out: dict = defaultdict(list)
-    for (m, p, coll, n), per in sorted(times.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2], kv[0][3])):
+    for (m, p, coll, n), per in sorted(times.items()):  # keys are unique: values never compared
         if len(per) < 2:
             continue
         chosen = min(candidates(coll), key=lambda a: (predict(a, p, n, consts[m]), a.id))
@@ -178,8 +182,7 @@ def measured_regret(records) -> dict:
     own = {}
     for r in records:
         if r.get("backend") == "tilecomm" and r.get("device") == "cuda" and r.get("graph") and not r.get("wrong"):
-            memory = "host_mapped" if r.get("transport") == "host_mapped" else "cuda_ipc"
-            own[(memory, int(r["world"]), r["collective"], int(r["bytes"]))] = r["time_us"] * 1e-6
+            own[(_memory(r), int(r["world"]), r["collective"], int(r["bytes"]))] = r["time_us"] * 1e-6
     best: dict = {}
     for m, a, p, n, t in samples(records):
         key = (m, p, a.collective, n)

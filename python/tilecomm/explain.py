@@ -33,6 +33,12 @@ def format_bytes(n: int) -> str:
     return f"{n} B"
 
 
+def range_line(lo: int, hi, name: str) -> str:
+    """One size range of a table: "  0 B .. 8 KiB   <name>" (hi None: unbounded)."""
+    span = f"{format_bytes(lo)} .. {'inf' if hi is None else format_bytes(hi)}"
+    return f"  {span:<28} {name}"
+
+
 def host_layout(world: int, hosts: int) -> tuple[int, ...]:
     """Host index per rank: consecutive ranks, hosts as equal as can be (the first ones one larger)."""
     sizes = [world // hosts + (h < world % hosts) for h in range(hosts)]
@@ -43,9 +49,7 @@ def table_lines(collective: str, world: int, profile, layout=None) -> list[str]:
     table = selector.build_table(collective, world, {}, profile, layout, layout)
     where = "" if layout is None else f" on {len(set(layout))} hosts"
     lines = [f"{collective}, world size {world}{where} (decision table, float32):"]
-    for lo, hi, algo in selector.table_ranges(table):
-        span = f"{format_bytes(lo)} .. {'inf' if hi is None else format_bytes(hi)}"
-        lines.append(f"  {span:<28} {algo.name}")
+    lines += [range_line(lo, hi, algo.name) for lo, hi, algo in selector.table_ranges(table)]
     return lines
 
 
@@ -81,9 +85,7 @@ def executor_lines(collective: str, world: int, memory: str, profile) -> list[st
     consts = executor_model.constants(profile)[memory]
     table = executor_model.build_table(collective, world, {}, consts)
     lines = [f"{collective}, world size {world}, CUDA tensors (schedule executor over {memory}):"]
-    for lo, hi, algo in selector.table_ranges(table):
-        span = f"{format_bytes(lo)} .. {'inf' if hi is None else format_bytes(hi)}"
-        lines.append(f"  {span:<28} {algo.name}")
+    lines += [range_line(lo, hi, algo.name) for lo, hi, algo in selector.table_ranges(table)]
     if collective in _DIRECT_FIRST:
         lines.append(f"  note: {_DIRECT_FIRST[collective]}")
     return lines
@@ -105,9 +107,7 @@ def direct_lines(world: int, memory: str, profile, cfg, nbytes=None) -> list[str
         ranges.append((max(two, ll + 1 if ll else 0), None, "allreduce_two_shot"))
     lines = [f"all_reduce, world size {world}, CUDA tensors (direct kernels over {memory}, "
              f"TILECOMM_CUDA_ALLREDUCE=auto):"]
-    for lo, hi, name in ranges:
-        span = f"{format_bytes(lo)} .. {'inf' if hi is None else format_bytes(hi)}"
-        lines.append(f"  {span:<28} {name}")
+    lines += [range_line(*r) for r in ranges]
     for key in ("TILECOMM_CUDA_ALLREDUCE", "TILECOMM_PROTO"):
         if cfg[key] != "auto":
             lines.append(f"  note: {key}={cfg[key]} is set; groups would not follow these ranges (docs/env.md)")
