@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 
 import torch
 import torch.distributed as dist
@@ -45,66 +44,7 @@ import torch.distributed as dist
 from gpu_compare import symmetric_memory  # noqa: E402  (benchmarks/ is the script's directory)
 from tilecomm import launch
 from tilecomm.bench import parse_size, sizes
-from tilecomm.cuda_model import LL_MAX_BYTES
-
-# entry name -> the group's TILECOMM_* settings; "hm_<name>": the same over host_mapped
-_BASE = {
-    "ll": {"TILECOMM_PROTO": "ll"},
-    "one_shot": {"TILECOMM_PROTO": "simple", "TILECOMM_CUDA_ALLREDUCE": "one_shot"},
-    "two_shot": {"TILECOMM_PROTO": "simple", "TILECOMM_CUDA_ALLREDUCE": "two_shot"},
-    "auto": {},
-}
-GROUPS = {**_BASE, **{f"hm_{k}": {**v, "TILECOMM_TRANSPORT": "host_mapped"} for k, v in _BASE.items()},
-          # LL with system-scope fences where GPU scope would do (Note [Fence scope]), for comparison
-          "ll_system_fence": {"TILECOMM_PROTO": "ll", "TILECOMM_CUDA_FENCE": "system"}}
-GATHER = ("ll", "auto", "ll_system_fence")  # entries whose all_gather runs as a kernel (else it is staged)
-
-
-def _per_call(run, calls, reps, barrier):
-    """Median over reps of (time of run()) / calls, in seconds; run() enqueues `calls` calls."""
-    times = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        barrier()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e-3 / calls)
-    return statistics.median(times)
-
-
-def _eager(fn, calls, reps, barrier):
-    for _ in range(3):
-        fn()
-
-    def loop():
-        for _ in range(calls):
-            fn()
-
-    return _per_call(loop, calls, reps, barrier)
-
-
-def _graph(fn, calls, reps, barrier):
-    fn()  # eager first: sets up transports outside the capture
-    torch.cuda.synchronize()
-    barrier()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()  # warm-up replay
-    t = _per_call(g.replay, calls, reps, barrier)
-    del g
-    return t
-
-
-def _try(fn):
-    try:
-        return fn()
-    except Exception as e:  # noqa: BLE001
-        return f"failed: {str(e).splitlines()[0][:80]}"
+from tilecomm.gpu_points import GROUPS, attempt, eager, graph, make_groups, record, slowest, time_entries
 
 
 def _rank(rank, world, args):
@@ -119,14 +59,7 @@ def _rank(rank, world, args):
     grid = list(sizes(args.minbytes, args.maxbytes, args.stepfactor))
     dist.init_process_group("tilecomm", rank=rank, world_size=world)
     gloo = dist.new_group(backend="gloo")
-    groups = {}
-    for name, env in GROUPS.items():
-        if args.groups and name not in args.groups.split(","):
-            continue
-        os.environ.update(env)  # rank 0's values are read at group creation
-        groups[name] = dist.new_group(backend="tilecomm")
-        for k in env:
-            os.environ.pop(k)
+    groups = make_groups([name for name in GROUPS if not args.groups or name in args.groups.split(",")])
 
     symm = symmetric_memory(gloo, rank)
     top = max(1, max(grid) // 4)
@@ -139,69 +72,38 @@ def _rank(rank, world, args):
 
     calls, reps = args.calls, args.reps
     eager_names = args.eager.split(",") if args.eager else list(GROUPS)
-
-    def eager(name):
-        return name in eager_names
-
     out = open(args.jsonl, "a") if (args.jsonl and rank == 0) else None
     for nbytes in grid:
         n = max(1, nbytes // 4)
-        row = {}
         x = torch.zeros(n, device=dev)  # sums stay zero however often they run
         gout = torch.empty(world * n, device=dev)
-        kernels, memory = {}, {}
         # (entry, its group's name, group, through the operators)
         entries = [(name, name, g, False) for name, g in groups.items()]
         if args.ops:
             entries += [(name + "_op", name, g, True) for name, g in groups.items()]
-        for name, base, g, use_op in entries:
-            be = g._get_backend(torch.device("cuda"))
-            if use_op:
-                ar = lambda g=g: torch.ops.tilecomm.all_reduce_(x, "sum", g.group_name)  # noqa: E731
-                ag = lambda g=g: torch.ops.tilecomm.all_gather_into_tensor_out(x, g.group_name, out=gout)  # noqa: E731
-            else:
-                ar = lambda g=g: dist.all_reduce(x, group=g)  # noqa: E731
-                ag = lambda g=g: dist.all_gather_into_tensor(gout, x, group=g)  # noqa: E731
-            if eager(base):
-                row[f"all_reduce:{name}:eager"] = _try(lambda: _eager(ar, calls, reps, barrier))
-            row[f"all_reduce:{name}:graph"] = _try(lambda: _graph(ar, calls, reps, barrier))
-            kernels[f"all_reduce:{name}"] = be.cuda_last_kernel() or "staged"
-            memory[name] = be.cuda_topology()["transport"]
-            if base.removeprefix("hm_") in GATHER:
-                if eager(base):
-                    row[f"all_gather:{name}:eager"] = _try(lambda: _eager(ag, calls, reps, barrier))
-                if nbytes <= LL_MAX_BYTES:  # larger ones are staged, which cannot be captured
-                    row[f"all_gather:{name}:graph"] = _try(lambda: _graph(ag, calls, reps, barrier))
-                kernels[f"all_gather:{name}"] = be.cuda_last_kernel() or "staged"
+        row, kernels, memory = time_entries(entries, x, gout, calls, reps, barrier, lambda name: name in eager_names)
         if symm is not None:
             try:
                 buf = symm.empty(n, dtype=torch.float32, device=dev)
                 buf.zero_()
                 symm.rendezvous(buf, gloo.group_name)
                 fn = lambda: torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", gloo.group_name)  # noqa: E731
-                row["all_reduce:symm_one_shot:eager"] = _try(lambda: _eager(fn, calls, reps, barrier))
-                row["all_reduce:symm_one_shot:graph"] = _try(lambda: _graph(fn, calls, reps, barrier))
+                row["all_reduce:symm_one_shot:eager"] = attempt(lambda: eager(fn, calls, reps, barrier))
+                row["all_reduce:symm_one_shot:graph"] = attempt(lambda: graph(fn, calls, reps, barrier))
                 del buf
             except Exception as e:  # noqa: BLE001
                 row["all_reduce:symm_one_shot:eager"] = f"failed: {str(e).splitlines()[0][:80]}"
         if sym is not None:
             fc = lambda: nvshmem.fcollect(sym[1][: world * n], sym[0][:n])  # noqa: E731
-            row["all_gather:fcollect:eager"] = _try(lambda: _eager(fc, calls, reps, barrier))
-            row["all_gather:fcollect:graph"] = _try(lambda: _graph(fc, calls, reps, barrier))
+            row["all_gather:fcollect:eager"] = attempt(lambda: eager(fc, calls, reps, barrier))
+            row["all_gather:fcollect:graph"] = attempt(lambda: graph(fc, calls, reps, barrier))
         del x, gout
-        # The slowest rank's time per entry (failures stay as text).
-        keys = sorted(k for k, v in row.items() if isinstance(v, float))
-        t = torch.tensor([row[k] for k in keys], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=gloo)
-        for k, v in zip(keys, t.tolist()):
-            row[k] = v
+        row = slowest(row, gloo)
         if rank == 0:
             cells = [f"{k}={v * 1e6:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(row.items())]
             print(f"world={world} bytes={nbytes} " + " ".join(cells), flush=True)
             if out:
-                rec = dict(world=world, bytes=nbytes, calls=calls, reps=reps, kernels=kernels, memory=memory)
-                rec.update({k: (v * 1e6 if isinstance(v, float) else v) for k, v in row.items()})
-                out.write(json.dumps(rec) + "\n")
+                out.write(json.dumps(record(world, nbytes, calls, reps, kernels, memory, row)) + "\n")
                 out.flush()
     if rank == 0:
         for proto, g in groups.items():

@@ -251,7 +251,9 @@ def _print_rows(coll, world, args, rows, out):
                 rec["hosts"] = args.hosts
             if args.device != "cpu":
                 rec["device"], rec["graph"] = args.device, args.graph
-            if os.environ.get("TILECOMM_TRANSPORT"):
+            if args.device == "cuda" and b.startswith("tilecomm"):  # the peer memory the group's kernels used
+                rec["transport"] = case.group._get_backend(case.device).cuda_topology()["transport"]
+            elif os.environ.get("TILECOMM_TRANSPORT"):
                 rec["transport"] = os.environ["TILECOMM_TRANSPORT"]
             if tcp is not None:
                 rec["tcp_bytes_per_call"] = tcp

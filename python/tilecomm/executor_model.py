@@ -109,9 +109,12 @@ def check(section, where: str):
         cuda_model.check_constants(c, KEYS, f"{where}.{m}")
 
 
-def _memory(record) -> str:
-    """The peer memory a bench record ran over (its TILECOMM_TRANSPORT)."""
-    return "host_mapped" if record.get("transport") == "host_mapped" else "cuda_ipc"
+def _memory(record) -> str | None:
+    """The peer memory a bench record ran over: its group's CUDA transport (older records: its
+    TILECOMM_TRANSPORT, where absent, ``auto`` and ``shm`` leave GPUs on cuda_ipc); None for any other
+    (the staged path)."""
+    t = record.get("transport", "auto")
+    return "cuda_ipc" if t in ("auto", "shm") else t if t in MEMORIES else None
 
 
 def samples(records) -> list[tuple[str, algorithms.Algorithm, int, int, float]]:
@@ -126,7 +129,7 @@ def samples(records) -> list[tuple[str, algorithms.Algorithm, int, int, float]]:
             continue
         algo = next((a for a in candidates(r.get("collective", "")) if a.short == backend.split(":", 1)[1]), None)
         t = r.get("time_us")
-        if algo is None or not isinstance(t, (int, float)) or t <= 0 or r.get("wrong"):
+        if algo is None or not isinstance(t, (int, float)) or t <= 0 or r.get("wrong") or _memory(r) is None:
             continue
         out.append((_memory(r), algo, int(r["world"]), int(r["bytes"]), float(t) * 1e-6))
     return out
@@ -181,7 +184,8 @@ def measured_regret(records) -> dict:
     from the ``tilecomm`` rows of the same records (what the tables in use when they ran chose)."""
     own = {}
     for r in records:
-        if r.get("backend") == "tilecomm" and r.get("device") == "cuda" and r.get("graph") and not r.get("wrong"):
+        if (r.get("backend") == "tilecomm" and r.get("device") == "cuda" and r.get("graph") and not r.get("wrong")
+                and _memory(r) is not None):
             own[(_memory(r), int(r["world"]), r["collective"], int(r["bytes"]))] = r["time_us"] * 1e-6
     best: dict = {}
     for m, a, p, n, t in samples(records):

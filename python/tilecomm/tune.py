@@ -28,7 +28,14 @@ reports, it also prints what the best fixed choice per point would score
 across them (``choice_floor``): the least regret any selector that chooses by
 collective, world size and size could reach on those runs.
 
-GPUs: ``--cuda-from LATENCY.jsonl`` fits the CUDA kernels' constants
+GPUs: ``--device cuda`` measures this machine's GPU paths itself, with its own ranks (one GPU
+per rank where there are enough, else ranks sharing GPUs, which wants the MPS daemon): for each
+world size, the direct all_reduce and all_gather kernels forced in turn (``tilecomm.gpu_points``)
+and every scheduled algorithm of the GPU's schedule executor forced in turn (``tilecomm.bench
+--device cuda --graph``), each over GPU memory (cuda_ipc) and shared host memory (host_mapped),
+all timed by CUDA-graph replay. It fits the ``cuda`` and ``cuda_executor`` sections as below,
+prints both reports and writes them, with the records (``cuda_points``), into a copy of the
+current profile. Fitting earlier records instead: ``--cuda-from LATENCY.jsonl`` fits the CUDA kernels' constants
 (``tilecomm.cuda_model``) to the CUDA-graph times that
 ``benchmarks/gpu_latency.py`` measured (``scripts/gpu-latency``), writes them
 into the ``cuda`` section of the profile (TILECOMM_PROFILE's, else the shipped
@@ -59,7 +66,7 @@ import torch
 import torch.distributed as dist
 
 import tilecomm
-from tilecomm import algorithms, bench, cuda_model, executor_model, fit, launch, selector, settings
+from tilecomm import algorithms, bench, cuda_model, executor_model, fit, gpu_points, launch, selector, settings
 
 REDUCE_DTYPES = ["float32", "float64", "float16", "bfloat16", "int32", "int64", "int8"]
 
@@ -289,33 +296,142 @@ def tune(args, worlds):
 
 def tune_cuda(args) -> int:
     """--cuda-from: fit the CUDA model to gpu_latency records and write it into a profile."""
-    return _fit_section("cuda", cuda_model.fit, cuda_report, [args.cuda_from], args.output)
+    return _fit_sections([("cuda", cuda_model.fit, cuda_report, _read_records([args.cuda_from]))], args.output)
 
 
 def tune_executor(args) -> int:
     """--executor-from: fit the schedule executor's constants to bench records and write them into a profile."""
-    return _fit_section("cuda_executor", executor_model.fit, executor_report, args.executor_from, args.output)
+    part = ("cuda_executor", executor_model.fit, executor_report, _read_records(args.executor_from))
+    return _fit_sections([part], args.output)
 
 
-def _fit_section(key, fit_section, report, paths, output) -> int:
-    """Fits profile section `key` to the JSONL records of `paths` (fit_section(records, base section) ->
-    (section, warnings)), writes it into a copy of the current profile (TILECOMM_PROFILE's, else the
-    shipped one) at `output`, and prints report(section, records)."""
+def _read_records(paths) -> list:
     records = []
     for path in paths:
         with open(path) as f:
             records += [json.loads(line) for line in f if line.strip()]
+    return records
+
+
+def _fit_sections(parts, output, measured_with=None) -> int:
+    """For each (key, fit_section, report, records) of `parts`: fits profile section `key` to the
+    records (fit_section(records, base section) -> (section, warnings)) and prints report(section,
+    records). Writes the sections into a copy of the current profile (TILECOMM_PROFILE's, else the
+    shipped one) at `output`; with `measured_with`, the records go in too (``cuda_points``)."""
     base = selector.load_profile(settings.value("TILECOMM_PROFILE") or None)
-    consts, notes = fit_section(records, base.get(key))
-    for note in notes:
-        print(f"warning: {note}", file=sys.stderr)
     profile = json.loads(json.dumps(base))
-    profile[key] = consts
-    profile["warnings"] = list(profile.get("warnings", [])) + notes
+    profile["warnings"] = list(profile.get("warnings", []))
+    for key, fit_section, report, records in parts:
+        consts, notes = fit_section(records, base.get(key))
+        for note in notes:
+            print(f"warning: {note}", file=sys.stderr)
+        profile[key] = consts
+        profile["warnings"] += notes
+        print(report(consts, records))
+    if measured_with is not None:
+        profile["cuda_points"] = {key: records for key, _, _, records in parts}
+        profile["cuda_measured_with"] = measured_with
     selector.save_profile(profile, output)
-    print(report(consts, records))
     print(f"\nwrote {output}; use it with TILECOMM_PROFILE={os.path.abspath(output)}")
     return 0
+
+
+# Tuning on the GPU ---------------------------------------------------------------------------------
+
+# The executor's points: every scheduled algorithm forced in turn, per peer memory. all_reduce runs
+# on the executor only where the direct kernels are turned off; NVSHMEM and LL stay out of the way.
+_EXECUTOR_RUNS = (
+    ({"TILECOMM_PROTO": "simple", "TILECOMM_NVSHMEM": "off"},
+     ",".join(c for c in executor_model.COLLECTIVES if c != "all_reduce"), "all"),
+    ({"TILECOMM_CUDA_ALLREDUCE": "scheduled", "TILECOMM_NVSHMEM": "off"},
+     "all_reduce", ",".join(a.short for a in executor_model.candidates("all_reduce"))),
+)
+
+
+def gpu_problem() -> str:
+    """Why this process cannot tune the GPU ("" when it can)."""
+    try:
+        from tilecomm import _C  # noqa: PLC0415
+
+        built = bool(getattr(_C, "HAS_CUDA", False))
+    except ImportError:
+        built = False
+    if not built:
+        return "this build of tilecomm has no CUDA parts (install it against a torch with CUDA)"
+    if not torch.cuda.is_available():
+        return "no CUDA device is visible"
+    return ""
+
+
+def _mps_running() -> bool:
+    """Whether an MPS control daemon answers at the pipe directory CUDA would use."""
+    return os.path.exists(os.path.join(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps"), "control"))
+
+
+class _Env:
+    """Sets environment variables for a block (spawned ranks inherit them), then restores them."""
+
+    def __init__(self, values):
+        self.values, self.saved = values, {}
+
+    def __enter__(self):
+        self.saved = {k: os.environ.get(k) for k in self.values}
+        os.environ.update(self.values)
+
+    def __exit__(self, *exc):
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _executor_points(world, args, path):
+    """tilecomm.bench --device cuda --graph rows of every scheduled algorithm forced, per peer memory
+    (each row names the memory its group used)."""
+    common = ["--np", str(world), "-b", str(args.minbytes), "-e", str(args.maxbytes), "-f", str(args.stepfactor),
+              "-n", str(args.iters), "-w", str(args.warmup), "-c", "1", "--device", "cuda", "--backend", "tilecomm",
+              "--graph", "--jsonl", path]
+    for transport in ("auto", "host_mapped"):  # auto: cuda_ipc where the GPUs reach each other's memory
+        for env, collectives, algos in _EXECUTOR_RUNS:
+            with _Env({**env, "TILECOMM_TRANSPORT": transport}):
+                bench.main(common + ["--collective", collectives, "--algo", algos])
+
+
+def tune_gpu(args, worlds) -> int:
+    """--device cuda: measures this machine's GPU paths and fits the profile's ``cuda`` section (the
+    direct kernels, from ``gpu_points``) and ``cuda_executor`` section (the schedule executor, from
+    ``tilecomm.bench --graph`` with every scheduled algorithm forced), both timed by CUDA-graph
+    replay, over GPU memory (cuda_ipc) and shared host memory (host_mapped)."""
+    problem = gpu_problem()
+    if problem:
+        raise SystemExit(f"tune --device cuda: {problem}")
+    if max(worlds) > torch.cuda.device_count() and not _mps_running():
+        print("warning: ranks share a GPU and no MPS daemon was found: without it their kernels take turns "
+              "on the GPU and the times are not those of a run under MPS (docs/selector.md)", file=sys.stderr)
+    grid = _grid(args)
+    kernels, executor = [], []
+    with tempfile.TemporaryDirectory(prefix="tilecomm-tune-") as tmp:
+        for world in worlds:
+            if _leader():
+                print(f"# world size {world}: direct kernels ...", file=sys.stderr, flush=True)
+            path = os.path.join(tmp, f"kernels-{world}.jsonl")
+            launch.run(gpu_points.fit_points, world, path, grid, args.iters, args.repeats)
+            if _leader():
+                kernels += _read_records([path])
+                print(f"# world size {world}: the schedule executor ...", file=sys.stderr, flush=True)
+            path = os.path.join(tmp, f"executor-{world}.jsonl")
+            _executor_points(world, args, path)
+            if _leader():
+                executor += _read_records([path])
+    if not _leader():
+        return 0
+    measured_with = {"world_sizes": worlds, "bytes": [args.minbytes, args.maxbytes, args.stepfactor],
+                     "iters": args.iters, "repeats": args.repeats, "gpu": torch.cuda.get_device_name(),
+                     **fingerprint()}
+    return _fit_sections([("cuda", cuda_model.fit, cuda_report, kernels),
+                          ("cuda_executor", executor_model.fit, executor_report, executor)],
+                         args.output, measured_with)
 
 
 def executor_report(consts, records) -> str:
@@ -687,6 +803,9 @@ def build_parser():
         help=f"dtypes whose reduction is timed: comma-separated of {','.join(REDUCE_DTYPES)}, or all",
     )
     p.add_argument("-o", "--output", default="tilecomm-profile.json", help="profile to write")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="cuda: measure the GPU's paths (the direct kernels and the schedule executor, over GPU "
+                        "memory and shared host memory) and fit the profile's cuda sections instead")
     p.add_argument(
         "--validate",
         nargs="?",
@@ -713,6 +832,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.cuda_from and args.executor_from:
         parser.error("--cuda-from and --executor-from: give one at a time (each writes its own -o profile)")
+    if args.device == "cuda" and (args.cuda_from or args.executor_from):
+        parser.error("--device cuda measures the GPU; --cuda-from and --executor-from fit earlier records")
     if args.cuda_from:
         return tune_cuda(args)
     if args.executor_from:
@@ -726,6 +847,10 @@ def main(argv=None):
         worlds = [int(os.environ["WORLD_SIZE"])]
         if worlds[0] < 2:
             parser.error("under torchrun: needs at least 2 ranks")
+    if args.device == "cuda":
+        if args.validate is not None:
+            parser.error("--device cuda tunes; the GPU's fit reports its own regret (no --validate)")
+        return tune_gpu(args, worlds)
     if args.measured and args.validate is None:
         parser.error("--measured goes with --validate")
     if args.measured and args.json:

@@ -126,8 +126,10 @@ def test_samples_skip_what_the_executor_did_not_time():
     no_graph = dict(good)
     del no_graph["graph"]
     assert executor_model.samples([no_graph]) == []
-    hm = executor_model.samples([{**good, "transport": "host_mapped"}, {**good, "transport": "shm"}])
-    assert [m for m, *_ in hm] == ["host_mapped", "cuda_ipc"]
+    # the group's own transport (bench's CUDA rows), or the TILECOMM_TRANSPORT of older records
+    hm = executor_model.samples([{**good, "transport": t} for t in ("host_mapped", "shm", "cuda_ipc", "auto",
+                                                                     "staged", "unset", "tcp")])
+    assert [m for m, *_ in hm] == ["host_mapped", "cuda_ipc", "cuda_ipc", "cuda_ipc"]
     # scheduled algorithms whose short name is "direct" are the executor's
     gathers = executor_model.samples([{**good, "collective": "all_gather", "backend": "tilecomm:direct"},
                                       {**good, "collective": "gather", "backend": "tilecomm:direct"}])

@@ -1,0 +1,172 @@
+"""Times tilecomm's CUDA all_reduce and all_gather kernels, one group per forced kernel.
+
+Shared by ``python -m tilecomm.tune --device cuda`` (the points the CUDA model is fitted to) and
+``benchmarks/gpu_latency.py`` (which adds other libraries alongside). An *entry* is a group made with
+its own ``TILECOMM_*`` settings (``GROUPS``): ``ll`` (the LL kernel), ``one_shot`` and ``two_shot``
+(that simple kernel), ``auto`` (the CUDA model's pick), each over cuda_ipc (GPU memory) and, as
+``hm_<entry>``, over host_mapped (shared host memory, the PCIe path). A record names, per entry, the
+kernel that ran (``kernels``) and its peer memory (``memory``); ``tilecomm.cuda_model.samples`` reads
+the ``graph`` times of such records.
+
+Each path is timed as a loop of back-to-back calls between two CUDA events: "eager" (the host's cost
+per call included) or "graph" (the same loop captured once in a CUDA graph and replayed: the GPU's
+cost). The figure is the time per call of the slowest rank, the median of ``reps`` loops.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+
+import torch
+import torch.distributed as dist
+
+from tilecomm.cuda_model import LL_MAX_BYTES
+
+# entry name -> the group's TILECOMM_* settings; "hm_<name>": the same over host_mapped
+_BASE = {
+    "ll": {"TILECOMM_PROTO": "ll"},
+    "one_shot": {"TILECOMM_PROTO": "simple", "TILECOMM_CUDA_ALLREDUCE": "one_shot"},
+    "two_shot": {"TILECOMM_PROTO": "simple", "TILECOMM_CUDA_ALLREDUCE": "two_shot"},
+    "auto": {},
+}
+GROUPS = {**_BASE, **{f"hm_{k}": {**v, "TILECOMM_TRANSPORT": "host_mapped"} for k, v in _BASE.items()},
+          # LL with system-scope fences where GPU scope would do (Note [Fence scope]), for comparison
+          "ll_system_fence": {"TILECOMM_PROTO": "ll", "TILECOMM_CUDA_FENCE": "system"}}
+GATHER = ("ll", "auto", "ll_system_fence")  # entries whose all_gather runs as a kernel (else it is staged)
+# What tune fits the CUDA model to: every forced kernel over both memories.
+FIT_ENTRIES = ("ll", "one_shot", "two_shot", "hm_ll", "hm_one_shot", "hm_two_shot")
+
+
+def per_call(run, calls, reps, barrier):
+    """Median over reps of (time of run()) / calls, in seconds; run() enqueues `calls` calls."""
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        barrier()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3 / calls)
+    return statistics.median(times)
+
+
+def eager(fn, calls, reps, barrier):
+    for _ in range(3):
+        fn()
+
+    def loop():
+        for _ in range(calls):
+            fn()
+
+    return per_call(loop, calls, reps, barrier)
+
+
+def graph(fn, calls, reps, barrier):
+    fn()  # eager first: sets up transports outside the capture
+    torch.cuda.synchronize()
+    barrier()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    g.replay()  # warm-up replay
+    t = per_call(g.replay, calls, reps, barrier)
+    del g
+    return t
+
+
+def attempt(fn):
+    """fn()'s time, or the first line of its error as "failed: ..."."""
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001
+        return f"failed: {str(e).splitlines()[0][:80]}"
+
+
+def make_groups(names):
+    """{entry: tilecomm group} for the entries of GROUPS named (every rank, in the same order)."""
+    groups = {}
+    for name in names:
+        env = GROUPS[name]
+        os.environ.update(env)  # rank 0's values are read at group creation
+        groups[name] = dist.new_group(backend="tilecomm")
+        for k in env:
+            os.environ.pop(k)
+    return groups
+
+
+def time_entries(entries, x, gout, calls, reps, barrier, timed_eagerly):
+    """Times all_reduce of x (and all_gather into gout, for GATHER entries) per entry.
+
+    entries: (entry name, its group's name in GROUPS, group, through the operators). Returns (row,
+    kernels, memory): row maps "<collective>:<entry>:<eager|graph>" to seconds (or a failure's
+    text); kernels maps "<collective>:<entry>" to the kernel that ran; memory maps an entry to its
+    group's peer memory."""
+    row, kernels, memory = {}, {}, {}
+    for name, base, g, use_op in entries:
+        be = g._get_backend(torch.device("cuda"))
+        if use_op:
+            ar = lambda g=g: torch.ops.tilecomm.all_reduce_(x, "sum", g.group_name)  # noqa: E731
+            ag = lambda g=g: torch.ops.tilecomm.all_gather_into_tensor_out(x, g.group_name, out=gout)  # noqa: E731
+        else:
+            ar = lambda g=g: dist.all_reduce(x, group=g)  # noqa: E731
+            ag = lambda g=g: dist.all_gather_into_tensor(gout, x, group=g)  # noqa: E731
+        if timed_eagerly(base):
+            row[f"all_reduce:{name}:eager"] = attempt(lambda: eager(ar, calls, reps, barrier))
+        row[f"all_reduce:{name}:graph"] = attempt(lambda: graph(ar, calls, reps, barrier))
+        kernels[f"all_reduce:{name}"] = be.cuda_last_kernel() or "staged"
+        memory[name] = be.cuda_topology()["transport"]
+        if base.removeprefix("hm_") in GATHER:
+            if timed_eagerly(base):
+                row[f"all_gather:{name}:eager"] = attempt(lambda: eager(ag, calls, reps, barrier))
+            if x.numel() * x.element_size() <= LL_MAX_BYTES:  # larger ones are staged, which cannot be captured
+                row[f"all_gather:{name}:graph"] = attempt(lambda: graph(ag, calls, reps, barrier))
+            kernels[f"all_gather:{name}"] = be.cuda_last_kernel() or "staged"
+    return row, kernels, memory
+
+
+def slowest(row, group):
+    """row with every time replaced by the slowest rank's (over `group`); failures stay as text."""
+    keys = sorted(k for k, v in row.items() if isinstance(v, float))
+    t = torch.tensor([row[k] for k in keys], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return {**row, **dict(zip(keys, t.tolist()))}
+
+
+def record(world, nbytes, calls, reps, kernels, memory, row) -> dict:
+    """One JSON record of a size: times in microseconds."""
+    rec = dict(world=world, bytes=nbytes, calls=calls, reps=reps, kernels=kernels, memory=memory)
+    rec.update({k: (v * 1e6 if isinstance(v, float) else v) for k, v in row.items()})
+    return rec
+
+
+def fit_points(rank, world, path, grid, calls, reps):
+    """tune's worker: CUDA-graph times of every FIT_ENTRIES kernel at every size of grid (float32
+    sum), one record per size appended to `path` by rank 0."""
+    import tilecomm  # noqa: F401,PLC0415  (registers the backend)
+
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+    dist.init_process_group("tilecomm", rank=rank, world_size=world)
+    gloo = dist.new_group(backend="gloo")
+    groups = make_groups(FIT_ENTRIES)
+
+    def barrier():
+        dist.barrier(group=gloo)
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    with open(path, "a") if rank == 0 else open(os.devnull, "w") as out:
+        for nbytes in grid:
+            n = max(1, nbytes // 4)
+            x = torch.zeros(n, device=dev)  # sums stay zero however often they run
+            gout = torch.empty(world * n, device=dev)
+            entries = [(name, name, g, False) for name, g in groups.items()]
+            row, kernels, memory = time_entries(entries, x, gout, calls, reps, barrier, lambda _: False)
+            row = slowest(row, gloo)
+            out.write(json.dumps(record(world, nbytes, calls, reps, kernels, memory, row)) + "\n")
+            out.flush()
+    torch.cuda.synchronize()
+    dist.destroy_process_group()

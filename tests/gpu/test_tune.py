@@ -1,0 +1,46 @@
+"""python -m tilecomm.tune --device cuda on the GPU: it measures the direct kernels and the schedule
+executor over cuda_ipc and host_mapped at two world sizes (a small grid), and writes a profile
+whose cuda and cuda_executor sections are fitted to what it measured.
+
+Skipped as a whole where there is no GPU (see gpu_harness.skip_without_gpu).
+"""
+
+import os
+import subprocess
+import sys
+
+import gpu_harness
+
+gpu_harness.skip_without_gpu()
+
+from tilecomm import cuda_model, executor_model, selector  # noqa: E402
+
+KERNELS = {"ll": "allreduce_one_shot_ll", "one_shot": "allreduce_one_shot", "two_shot": "allreduce_two_shot"}
+
+
+def test_tune_measures_the_gpu(tmp_path):
+    out = tmp_path / "profile.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TILECOMM_") or k.startswith("TILECOMM_TEST_")}
+    cmd = [sys.executable, "-m", "tilecomm.tune", "--device", "cuda", "--world-sizes", "2,3", "-b", "8", "-e", "4K",
+           "-f", "8", "-n", "5", "-w", "2", "-r", "1", "-o", str(out)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    prof = selector.load_profile(str(out))  # the schema holds
+    for m in ("cuda_ipc", "host_mapped"):
+        for pr in cuda_model.PROTOCOLS:
+            assert prof["cuda"][m][pr]["fit"]["points"] > 0, (m, pr, done.stderr[-2000:])
+        assert prof["cuda_executor"][m]["fit"]["points"] > 0, (m, done.stderr[-2000:])
+    kernels, executor = prof["cuda_points"]["cuda"], prof["cuda_points"]["cuda_executor"]
+    assert {r["world"] for r in kernels} == {2, 3} and {r["bytes"] for r in kernels} == {8, 64, 512, 4096}
+    for r in kernels:  # each forced entry ran its kernel over its memory, and every time was taken
+        for entry, kernel in KERNELS.items():
+            for prefix, memory in (("", "cuda_ipc"), ("hm_", "host_mapped")):
+                assert r["kernels"][f"all_reduce:{prefix}{entry}"] == kernel, r
+                assert r["memory"][f"{prefix}{entry}"] == memory, r
+                assert isinstance(r[f"all_reduce:{prefix}{entry}:graph"], float), r
+    assert {r["transport"] for r in executor} == {"cuda_ipc", "host_mapped"}
+    assert all(r["wrong"] == 0 and r["graph"] for r in executor)
+    forced = {(r["collective"], r["backend"]) for r in executor if r["backend"] != "tilecomm"}
+    for coll in executor_model.COLLECTIVES:
+        for a in executor_model.candidates(coll):
+            assert (coll, f"tilecomm:{a.short}") in forced, (coll, a.short)

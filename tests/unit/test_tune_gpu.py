@@ -1,0 +1,137 @@
+"""python -m tilecomm.tune --device cuda: what it measures, with what settings, and the profile it writes.
+
+The GPU's measurements are stood in for by functions that write records whose times follow known
+constants, so these tests check the plumbing on any machine: which groups and algorithms are
+measured over which peer memory, that the fits get the records, and that the settings come back.
+tests/gpu/test_tune.py runs the real thing on a GPU.
+"""
+
+import os
+
+import pytest
+import torch
+from test_cuda_model import KNOWN as KERNEL_KNOWN
+from test_cuda_model import records as kernel_records
+
+from tilecomm import bench, cuda_model, executor_model, gpu_points, launch, selector, tune
+
+EXECUTOR_KNOWN = {
+    "cuda_ipc": {"alpha_s": 4e-6, "alpha_round_s": 7e-6, "alpha_step_s": 1.5e-7, "beta_s_per_byte": 3e-11},
+    "host_mapped": {"alpha_s": 9e-6, "alpha_round_s": 2e-5, "alpha_step_s": 5e-6, "beta_s_per_byte": 8e-11},
+}
+
+
+class FakeGpu:
+    """Stands in for the spawned ranks: kernel records from gpu_points.fit_points' arguments, bench rows
+    from bench.main's, each following the known constants; remembers what it was asked."""
+
+    def __init__(self):
+        self.kernel_calls, self.bench_calls = [], []
+
+    def run(self, fn, world, *args):
+        assert fn is gpu_points.fit_points
+        path, grid, calls, reps = args
+        self.kernel_calls.append((world, list(grid), calls, reps))
+        recs = kernel_records(KERNEL_KNOWN, worlds=(world,), sizes=grid)
+        with open(path, "a") as f:
+            f.writelines(tune.json.dumps(r) + "\n" for r in recs)
+
+    def bench(self, argv):
+        args = bench.build_parser().parse_args(argv)
+        env = {k: v for k, v in os.environ.items() if k.startswith("TILECOMM_")}
+        self.bench_calls.append((args, env))
+        memory = "host_mapped" if env.get("TILECOMM_TRANSPORT") == "host_mapped" else "cuda_ipc"
+        with open(args.jsonl, "a") as f:
+            for coll in args.collective.split(","):
+                algos = [a for a in executor_model.candidates(coll) if args.algo == "all" or a.short in args.algo]
+                for n in bench.sizes(args.minbytes, args.maxbytes, args.stepfactor):
+                    for a in algos:
+                        t = executor_model.predict(a, args.np, n, EXECUTOR_KNOWN[memory]) * 1e6
+                        f.write(tune.json.dumps({"collective": coll, "backend": f"tilecomm:{a.short}", "world": args.np,
+                                                 "bytes": n, "time_us": t, "device": args.device, "graph": args.graph,
+                                                 "wrong": 0, "transport": memory}) + "\n")
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    fake = FakeGpu()
+    monkeypatch.delenv("TILECOMM_PROFILE", raising=False)
+    monkeypatch.delenv("TILECOMM_TRANSPORT", raising=False)
+    monkeypatch.setattr(tune, "gpu_problem", lambda: "")
+    monkeypatch.setattr(tune, "_mps_running", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "a GPU")
+    monkeypatch.setattr(launch, "run", fake.run)
+    monkeypatch.setattr(bench, "main", fake.bench)
+    return fake
+
+
+def test_tune_gpu_measures_and_fits_both_sections(fake_gpu, tmp_path, capsys):
+    out = tmp_path / "prof.json"
+    argv = ["--device", "cuda", "--world-sizes", "2,4", "-b", "8", "-e", "1M", "-f", "8", "-n", "7", "-r", "2",
+            "-o", str(out)]
+    assert tune.main(argv) == 0
+    prof = selector.load_profile(str(out))
+    # the direct kernels' constants, over both memories, from gpu_points' records
+    for m in ("cuda_ipc", "host_mapped"):
+        for pr in cuda_model.PROTOCOLS:
+            for key, want in KERNEL_KNOWN[m][pr].items():
+                assert prof["cuda"][m][pr][key] == pytest.approx(want, rel=1e-6, abs=1e-15), (m, pr, key)
+    # the executor's, over both memories, from bench's rows
+    for m, consts in EXECUTOR_KNOWN.items():
+        for key, want in consts.items():
+            assert prof["cuda_executor"][m][key] == pytest.approx(want, rel=1e-6), (m, key)
+    assert prof["links"] == selector.DEFAULT_PROFILE["links"]  # the CPU's sections are untouched
+    assert set(prof["cuda_points"]) == {"cuda", "cuda_executor"}
+    assert prof["cuda_measured_with"]["world_sizes"] == [2, 4] and prof["cuda_measured_with"]["gpu"] == "a GPU"
+
+    grid = list(bench.sizes(8, 1 << 20, 8))
+    assert fake_gpu.kernel_calls == [(2, grid, 7, 2), (4, grid, 7, 2)]
+    # per world: both transports, the executor's collectives with every algorithm, then all_reduce's
+    # scheduled algorithms with the direct kernels off; CUDA graphs on the GPU, checked
+    runs = [(a.np, env.get("TILECOMM_TRANSPORT"), a.collective, env.get("TILECOMM_CUDA_ALLREDUCE"))
+            for a, env in fake_gpu.bench_calls]
+    assert [(w, t) for w, t, _, _ in runs] == [(w, t) for w in (2, 4) for t in ("auto", "host_mapped") for _ in "ab"]
+    for (a, env), (_, _, coll, allreduce) in zip(fake_gpu.bench_calls, runs):
+        assert a.device == "cuda" and a.graph and a.check == 1 and a.iters == 7 and a.backend == "tilecomm"
+        assert env["TILECOMM_NVSHMEM"] == "off"
+        if coll == "all_reduce":
+            assert allreduce == "scheduled"
+            assert sorted(a.algo.split(",")) == sorted(x.short for x in executor_model.candidates("all_reduce"))
+        else:
+            assert allreduce is None and env["TILECOMM_PROTO"] == "simple" and a.algo == "all"
+            assert "all_reduce" not in coll.split(",") and "broadcast" in coll.split(",")
+    # the settings are what they were
+    assert not any(k in os.environ for k in ("TILECOMM_TRANSPORT", "TILECOMM_NVSHMEM", "TILECOMM_PROTO",
+                                             "TILECOMM_CUDA_ALLREDUCE"))
+    report = capsys.readouterr()
+    assert "| cuda_ipc |" in report.out and "regret" in report.out
+    assert "MPS" not in report.err
+
+
+def test_tune_gpu_warns_without_mps_when_ranks_share_a_gpu(fake_gpu, monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(tune, "_mps_running", lambda: False)
+    assert tune.main(["--device", "cuda", "--world-sizes", "2,4", "-e", "64K", "-o", str(tmp_path / "p.json")]) == 0
+    assert "no MPS daemon" in capsys.readouterr().err
+
+
+def test_tune_gpu_refuses_where_it_cannot_run(monkeypatch, tmp_path):
+    monkeypatch.setattr(tune, "gpu_problem", lambda: "no CUDA device is visible")
+    with pytest.raises(SystemExit, match="tune --device cuda: no CUDA device is visible"):
+        tune.main(["--device", "cuda", "-o", str(tmp_path / "p.json")])
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_gpu_problem_names_a_cpu_build():
+    from tilecomm import _C
+
+    if getattr(_C, "HAS_CUDA", False):
+        pytest.skip("a CUDA build")
+    assert "no CUDA parts" in tune.gpu_problem()
+
+
+@pytest.mark.parametrize("extra", [["--validate"], ["--cuda-from", "x.jsonl"], ["--executor-from", "x.jsonl"]])
+def test_tune_gpu_refuses_other_modes(extra, capsys):
+    with pytest.raises(SystemExit):
+        tune.main(["--device", "cuda", *extra])
+    assert "--device cuda" in capsys.readouterr().err
