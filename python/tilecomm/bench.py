@@ -251,10 +251,9 @@ def _print_rows(coll, world, args, rows, out):
                 rec["hosts"] = args.hosts
             if args.device != "cpu":
                 rec["device"], rec["graph"] = args.device, args.graph
-            if args.device == "cuda" and b.startswith("tilecomm"):  # the peer memory the group's kernels used
-                rec["transport"] = case.group._get_backend(case.device).cuda_topology()["transport"]
-            elif os.environ.get("TILECOMM_TRANSPORT"):
-                rec["transport"] = os.environ["TILECOMM_TRANSPORT"]
+            used = _peer_memory(case.group) if args.device == "cuda" and b.startswith("tilecomm") else None
+            if used or os.environ.get("TILECOMM_TRANSPORT"):
+                rec["transport"] = used or os.environ["TILECOMM_TRANSPORT"]
             if tcp is not None:
                 rec["tcp_bytes_per_call"] = tcp
             out.write(json.dumps(rec) + "\n")
@@ -292,6 +291,13 @@ def _tcp_sent(group):
     import tilecomm  # noqa: PLC0415
 
     return tilecomm.stats(group)["tcp"]["bytes_sent"]
+
+
+def _peer_memory(group):
+    """The peer memory a tilecomm group's CUDA kernels used, where it reports one."""
+    import tilecomm  # noqa: PLC0415
+
+    return tilecomm.gpu_topology(group).get("transport")
 
 
 def _worker(rank, world, args):

@@ -92,10 +92,14 @@ def make_groups(names):
     groups = {}
     for name in names:
         env = GROUPS[name]
+        saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)  # rank 0's values are read at group creation
         groups[name] = dist.new_group(backend="tilecomm")
-        for k in env:
-            os.environ.pop(k)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k)
+            else:
+                os.environ[k] = v
     return groups
 
 
@@ -121,11 +125,14 @@ def time_entries(entries, x, gout, calls, reps, barrier, timed_eagerly):
         kernels[f"all_reduce:{name}"] = be.cuda_last_kernel() or "staged"
         memory[name] = be.cuda_topology()["transport"]
         if base.removeprefix("hm_") in GATHER:
-            if timed_eagerly(base):
+            ran = timed_eagerly(base)
+            if ran:
                 row[f"all_gather:{name}:eager"] = attempt(lambda: eager(ag, calls, reps, barrier))
             if x.numel() * x.element_size() <= LL_MAX_BYTES:  # larger ones are staged, which cannot be captured
+                ran = True
                 row[f"all_gather:{name}:graph"] = attempt(lambda: graph(ag, calls, reps, barrier))
-            kernels[f"all_gather:{name}"] = be.cuda_last_kernel() or "staged"
+            if ran:  # else the last kernel is all_reduce's
+                kernels[f"all_gather:{name}"] = be.cuda_last_kernel() or "staged"
     return row, kernels, memory
 
 

@@ -35,7 +35,7 @@ and every scheduled algorithm of the GPU's schedule executor forced in turn (``t
 --device cuda --graph``), each over GPU memory (cuda_ipc) and shared host memory (host_mapped),
 all timed by CUDA-graph replay. It fits the ``cuda`` and ``cuda_executor`` sections as below,
 prints both reports and writes them, with the records (``cuda_points``), into a copy of the
-current profile. Fitting earlier records instead: ``--cuda-from LATENCY.jsonl`` fits the CUDA kernels' constants
+current profile. It starts its ranks itself (not under torchrun). Fitting earlier records instead: ``--cuda-from LATENCY.jsonl`` fits the CUDA kernels' constants
 (``tilecomm.cuda_model``) to the CUDA-graph times that
 ``benchmarks/gpu_latency.py`` measured (``scripts/gpu-latency``), writes them
 into the ``cuda`` section of the profile (TILECOMM_PROFILE's, else the shipped
@@ -328,6 +328,13 @@ def _fit_sections(parts, output, measured_with=None) -> int:
         profile[key] = consts
         profile["warnings"] += notes
         print(report(consts, records))
+    # the records of a GPU's own measurement go with the sections fitted to them; a fit of other
+    # records drops those of an earlier one
+    profile.pop("cuda_points", None)
+    profile.pop("cuda_measured_with", None)
+    keys = " and ".join(key for key, *_ in parts)
+    on = f" on {measured_with['gpu']}" if measured_with else " from records"
+    profile["name"] = f"{base.get('name', 'profile')}; {keys} fitted{on}"
     if measured_with is not None:
         profile["cuda_points"] = {key: records for key, _, _, records in parts}
         profile["cuda_measured_with"] = measured_with
@@ -368,15 +375,29 @@ def _mps_running() -> bool:
     return os.path.exists(os.path.join(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps"), "control"))
 
 
+# The settings that steer which GPU path a call takes: tune forces each path itself, so the user's
+# values are set aside while it measures.
+_GPU_PATH_SETTINGS = tuple(
+    s.name for s in settings.SETTINGS
+    if s.name in ("TILECOMM_ALGO", "TILECOMM_TRANSPORT", "TILECOMM_PROTO", "TILECOMM_LL_BYTES")
+    or s.name.startswith(("TILECOMM_CUDA_", "TILECOMM_NVSHMEM"))
+)
+
+
 class _Env:
-    """Sets environment variables for a block (spawned ranks inherit them), then restores them."""
+    """Sets environment variables for a block (spawned ranks inherit them; None unsets one), then
+    restores them."""
 
     def __init__(self, values):
         self.values, self.saved = values, {}
 
     def __enter__(self):
         self.saved = {k: os.environ.get(k) for k in self.values}
-        os.environ.update(self.values)
+        for k, v in self.values.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
     def __exit__(self, *exc):
         for k, v in self.saved.items():
@@ -409,23 +430,22 @@ def tune_gpu(args, worlds) -> int:
     if max(worlds) > torch.cuda.device_count() and not _mps_running():
         print("warning: ranks share a GPU and no MPS daemon was found: without it their kernels take turns "
               "on the GPU and the times are not those of a run under MPS (docs/selector.md)", file=sys.stderr)
+    ignored = [k for k in _GPU_PATH_SETTINGS if k in os.environ]
+    if ignored:
+        print(f"note: tune --device cuda sets {', '.join(ignored)} itself while it measures (yours are "
+              "restored after)", file=sys.stderr)
     grid = _grid(args)
     kernels, executor = [], []
-    with tempfile.TemporaryDirectory(prefix="tilecomm-tune-") as tmp:
+    with _Env(dict.fromkeys(_GPU_PATH_SETTINGS)), tempfile.TemporaryDirectory(prefix="tilecomm-tune-") as tmp:
         for world in worlds:
-            if _leader():
-                print(f"# world size {world}: direct kernels ...", file=sys.stderr, flush=True)
+            print(f"# world size {world}: direct kernels ...", file=sys.stderr, flush=True)
             path = os.path.join(tmp, f"kernels-{world}.jsonl")
             launch.run(gpu_points.fit_points, world, path, grid, args.iters, args.repeats)
-            if _leader():
-                kernels += _read_records([path])
-                print(f"# world size {world}: the schedule executor ...", file=sys.stderr, flush=True)
+            kernels += _read_records([path])
+            print(f"# world size {world}: the schedule executor ...", file=sys.stderr, flush=True)
             path = os.path.join(tmp, f"executor-{world}.jsonl")
             _executor_points(world, args, path)
-            if _leader():
-                executor += _read_records([path])
-    if not _leader():
-        return 0
+            executor += _read_records([path])
     measured_with = {"world_sizes": worlds, "bytes": [args.minbytes, args.maxbytes, args.stepfactor],
                      "iters": args.iters, "repeats": args.repeats, "gpu": torch.cuda.get_device_name(),
                      **fingerprint()}
@@ -842,15 +862,21 @@ def main(argv=None):
         parser.error("sizes: need 1 <= -b <= -e")
     if args.stepfactor < 2 or args.iters < 1 or args.warmup < 0 or args.repeats < 1:
         parser.error("need -f >= 2, -n >= 1, -w >= 0, -r >= 1")
+    if args.device == "cuda":
+        if args.validate is not None:
+            parser.error("--device cuda tunes; the GPU's fit reports its own regret (no --validate)")
+        if args.measured or args.json:
+            parser.error("--measured and --json go with --validate, which --device cuda does not take")
+        if args.collectives != list(algorithms.COLLECTIVES) or args.dtypes != list(REDUCE_DTYPES):
+            parser.error("--device cuda measures every GPU path in float32 (no --collectives, --dtypes)")
+        if launch.under_torchrun():
+            parser.error("--device cuda starts its own ranks for each measurement: run it without torchrun")
+        return tune_gpu(args, args.world_sizes)
     worlds = args.world_sizes
     if launch.under_torchrun():
         worlds = [int(os.environ["WORLD_SIZE"])]
         if worlds[0] < 2:
             parser.error("under torchrun: needs at least 2 ranks")
-    if args.device == "cuda":
-        if args.validate is not None:
-            parser.error("--device cuda tunes; the GPU's fit reports its own regret (no --validate)")
-        return tune_gpu(args, worlds)
     if args.measured and args.validate is None:
         parser.error("--measured goes with --validate")
     if args.measured and args.json:

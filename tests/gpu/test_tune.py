@@ -21,10 +21,13 @@ KERNELS = {"ll": "allreduce_one_shot_ll", "one_shot": "allreduce_one_shot", "two
 def test_tune_measures_the_gpu(tmp_path):
     out = tmp_path / "profile.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TILECOMM_") or k.startswith("TILECOMM_TEST_")}
+    # path settings of the caller's: tune sets its own while it measures (else nothing would be cuda_ipc)
+    env.update(TILECOMM_TRANSPORT="host_mapped", TILECOMM_CUDA_IPC_BYTES="0", TILECOMM_PROTO="ll")
     cmd = [sys.executable, "-m", "tilecomm.tune", "--device", "cuda", "--world-sizes", "2,3", "-b", "8", "-e", "4K",
            "-f", "8", "-n", "5", "-w", "2", "-r", "1", "-o", str(out)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "sets TILECOMM_TRANSPORT, TILECOMM_CUDA_IPC_BYTES, TILECOMM_PROTO itself" in done.stderr
     prof = selector.load_profile(str(out))  # the schema holds
     for m in ("cuda_ipc", "host_mapped"):
         for pr in cuda_model.PROTOCOLS:

@@ -66,10 +66,22 @@ def fake_gpu(monkeypatch):
     return fake
 
 
-def test_tune_gpu_measures_and_fits_both_sections(fake_gpu, tmp_path, capsys):
+def test_tune_gpu_measures_and_fits_both_sections(fake_gpu, monkeypatch, tmp_path, capsys):
+    # the caller's path settings are set aside while tune measures, and restored after
+    monkeypatch.setenv("TILECOMM_TRANSPORT", "tcp")
+    monkeypatch.setenv("TILECOMM_CUDA_IPC_BYTES", "0")
+    monkeypatch.setenv("TILECOMM_ALGO", "ring")
+    seen = []
+    fake_run = fake_gpu.run
+
+    def run(*a):
+        seen.append({k: os.environ.get(k) for k in ("TILECOMM_TRANSPORT", "TILECOMM_CUDA_IPC_BYTES", "TILECOMM_ALGO")})
+        fake_run(*a)
+
+    monkeypatch.setattr(launch, "run", run)
     out = tmp_path / "prof.json"
-    argv = ["--device", "cuda", "--world-sizes", "2,4", "-b", "8", "-e", "1M", "-f", "8", "-n", "7", "-r", "2",
-            "-o", str(out)]
+    argv = ["--device", "cuda", "--world-sizes", "2,4", "-b", "8", "-e", "1M", "-f", "8", "-n", "7", "-w", "3",
+            "-r", "2", "-o", str(out)]
     assert tune.main(argv) == 0
     prof = selector.load_profile(str(out))
     # the direct kernels' constants, over both memories, from gpu_points' records
@@ -82,10 +94,18 @@ def test_tune_gpu_measures_and_fits_both_sections(fake_gpu, tmp_path, capsys):
         for key, want in consts.items():
             assert prof["cuda_executor"][m][key] == pytest.approx(want, rel=1e-6), (m, key)
     assert prof["links"] == selector.DEFAULT_PROFILE["links"]  # the CPU's sections are untouched
-    assert set(prof["cuda_points"]) == {"cuda", "cuda_executor"}
-    assert prof["cuda_measured_with"]["world_sizes"] == [2, 4] and prof["cuda_measured_with"]["gpu"] == "a GPU"
-
+    # the records go in with the sections, exactly as measured, and how they were measured
     grid = list(bench.sizes(8, 1 << 20, 8))
+    kernel_want = [r for w in (2, 4) for r in kernel_records(KERNEL_KNOWN, worlds=(w,), sizes=grid)]
+    assert prof["cuda_points"]["cuda"] == tune.json.loads(tune.json.dumps(kernel_want))
+    executor_rows = prof["cuda_points"]["cuda_executor"]
+    assert {(r["world"], r["transport"]) for r in executor_rows} == {(w, m) for w in (2, 4) for m in EXECUTOR_KNOWN}
+    measured = prof["cuda_measured_with"]
+    assert measured["world_sizes"] == [2, 4] and measured["gpu"] == "a GPU"
+    assert measured["bytes"] == [8, 1 << 20, 8] and measured["iters"] == 7 and measured["repeats"] == 2
+    assert "a GPU" in prof["name"] and "cuda and cuda_executor" in prof["name"]
+    assert seen == [dict.fromkeys(("TILECOMM_TRANSPORT", "TILECOMM_CUDA_IPC_BYTES", "TILECOMM_ALGO"))] * 2
+
     assert fake_gpu.kernel_calls == [(2, grid, 7, 2), (4, grid, 7, 2)]
     # per world: both transports, the executor's collectives with every algorithm, then all_reduce's
     # scheduled algorithms with the direct kernels off; CUDA graphs on the GPU, checked
@@ -93,20 +113,36 @@ def test_tune_gpu_measures_and_fits_both_sections(fake_gpu, tmp_path, capsys):
             for a, env in fake_gpu.bench_calls]
     assert [(w, t) for w, t, _, _ in runs] == [(w, t) for w in (2, 4) for t in ("auto", "host_mapped") for _ in "ab"]
     for (a, env), (_, _, coll, allreduce) in zip(fake_gpu.bench_calls, runs):
-        assert a.device == "cuda" and a.graph and a.check == 1 and a.iters == 7 and a.backend == "tilecomm"
-        assert env["TILECOMM_NVSHMEM"] == "off"
+        assert a.device == "cuda" and a.graph and a.check == 1 and a.iters == 7 and a.warmup == 3
+        assert a.backend == "tilecomm" and (a.minbytes, a.maxbytes, a.stepfactor) == (8, 1 << 20, 8)
+        assert env["TILECOMM_NVSHMEM"] == "off" and "TILECOMM_ALGO" not in env and "TILECOMM_CUDA_IPC_BYTES" not in env
         if coll == "all_reduce":
             assert allreduce == "scheduled"
             assert sorted(a.algo.split(",")) == sorted(x.short for x in executor_model.candidates("all_reduce"))
         else:
             assert allreduce is None and env["TILECOMM_PROTO"] == "simple" and a.algo == "all"
-            assert "all_reduce" not in coll.split(",") and "broadcast" in coll.split(",")
+            assert set(coll.split(",")) == set(executor_model.COLLECTIVES) - {"all_reduce"}
     # the settings are what they were
-    assert not any(k in os.environ for k in ("TILECOMM_TRANSPORT", "TILECOMM_NVSHMEM", "TILECOMM_PROTO",
-                                             "TILECOMM_CUDA_ALLREDUCE"))
+    assert (os.environ["TILECOMM_TRANSPORT"], os.environ["TILECOMM_CUDA_IPC_BYTES"], os.environ["TILECOMM_ALGO"]) == (
+        "tcp", "0", "ring")
+    assert not any(k in os.environ for k in ("TILECOMM_NVSHMEM", "TILECOMM_PROTO", "TILECOMM_CUDA_ALLREDUCE"))
     report = capsys.readouterr()
     assert "| cuda_ipc |" in report.out and "regret" in report.out
     assert "MPS" not in report.err
+    assert "sets TILECOMM_ALGO, TILECOMM_TRANSPORT, TILECOMM_CUDA_IPC_BYTES itself" in report.err
+
+
+def test_a_fit_of_records_drops_an_earlier_measurements_points(fake_gpu, monkeypatch, tmp_path):
+    measured = tmp_path / "measured.json"
+    assert tune.main(["--device", "cuda", "--world-sizes", "2,4", "-e", "64K", "-o", str(measured)]) == 0
+    records = tmp_path / "kernels.jsonl"
+    records.write_text("".join(tune.json.dumps(r) + "\n" for r in kernel_records(KERNEL_KNOWN)))
+    monkeypatch.setenv("TILECOMM_PROFILE", str(measured))
+    refit = tmp_path / "refit.json"
+    assert tune.main(["--cuda-from", str(records), "-o", str(refit)]) == 0
+    prof = selector.load_profile(str(refit))
+    assert "cuda_points" not in prof and "cuda_measured_with" not in prof
+    assert prof["name"].endswith("; cuda fitted from records")
 
 
 def test_tune_gpu_warns_without_mps_when_ranks_share_a_gpu(fake_gpu, monkeypatch, tmp_path, capsys):
@@ -130,8 +166,20 @@ def test_gpu_problem_names_a_cpu_build():
     assert "no CUDA parts" in tune.gpu_problem()
 
 
-@pytest.mark.parametrize("extra", [["--validate"], ["--cuda-from", "x.jsonl"], ["--executor-from", "x.jsonl"]])
+@pytest.mark.parametrize("extra", [["--validate"], ["--cuda-from", "x.jsonl"], ["--executor-from", "x.jsonl"],
+                                   ["--measured", "r.json"], ["--json", "r.json"], ["--collectives", "broadcast"],
+                                   ["--dtypes", "float64"]])
 def test_tune_gpu_refuses_other_modes(extra, capsys):
     with pytest.raises(SystemExit):
         tune.main(["--device", "cuda", *extra])
     assert "--device cuda" in capsys.readouterr().err
+
+
+def test_tune_gpu_refuses_torchrun(fake_gpu, monkeypatch, capsys):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert launch.under_torchrun()
+    with pytest.raises(SystemExit):
+        tune.main(["--device", "cuda"])
+    assert "without torchrun" in capsys.readouterr().err
+    assert fake_gpu.kernel_calls == [] and fake_gpu.bench_calls == []
