@@ -652,6 +652,8 @@ PeerWatch ProcessGroupTilecomm::peerWatch() const {
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::allreduce(std::vector<at::Tensor>& tensors,
                                                              const c10d::AllreduceOptions& opts) {
+  if (tensors.size() == 1 && tensors[0].defined() && tensors[0].layout() == at::kSparse)
+    return allreduceSparse(tensors[0], opts);
   at::Tensor t = single(tensors, "all_reduce");
   DType dtype = checkReduction(t, opts.reduceOp);
   int64_t timeout = timeoutOf(opts.timeout, timeout_ms_);
@@ -662,6 +664,63 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::allreduce(std::vector<at::T
     reduceOver(h, Coll::kAllReduce, x, op, -1, x.numel(), timeout);
     finishAverage(x, op, size_);
   }, std::move(direct), onDevice(Coll::kAllReduce, t, engineOp(op)));
+}
+
+// Note [Sparse all_reduce]
+// DDP with sparse gradients (nn.Embedding(sparse=True)) all_reduces sparse COO tensors, which Gloo
+// supports for SUM. Three all_gathers on the engine: each rank's shape and nnz (so that a rank whose
+// tensor differs fails on every rank alike, naming it), then the indices and the values, each
+// padded to the largest nnz. Every rank concatenates the blocks in rank order and coalesces (which
+// sums duplicate indices), so all end with the same coalesced tensor, copied into t (its nnz
+// changes) and the Work's result.
+c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::allreduceSparse(at::Tensor& t,
+                                                                   const c10d::AllreduceOptions& opts) {
+  TORCH_CHECK_VALUE(t.is_cpu(), "tilecomm: all_reduce of sparse tensors runs on CPU tensors; got one on ",
+                    t.device());
+  TORCH_CHECK_VALUE(opts.reduceOp.op_ == c10d::ReduceOp::SUM,
+                    "tilecomm: all_reduce of sparse tensors supports only ReduceOp.SUM (as Gloo)");
+  TORCH_CHECK_TYPE(toDType(t.scalar_type()).has_value(), "tilecomm: cannot reduce tensors of dtype ",
+                   t.scalar_type());
+  int64_t timeout = timeoutOf(opts.timeout, timeout_ms_);
+  return launch(c10d::OpType::ALLREDUCE, opts.asyncOp, {t}, {t}, {t}, [=](const Host& h) {
+    at::Tensor x = t.coalesce();
+    const int64_t dims = x.dim(), meta_n = 2 + dims;  // sparse_dim, nnz, sizes
+    at::Tensor meta = at::empty({size_ * meta_n}, at::kLong);
+    at::Tensor mine = meta.narrow(0, rank_ * meta_n, meta_n);
+    mine[0] = x.sparse_dim();
+    mine[1] = x._nnz();
+    for (int64_t d = 0; d < dims; ++d) mine[2 + d] = x.size(d);
+    move(h, Coll::kAllGather, meta, -1, meta_n, timeout);
+    auto m = meta.accessor<int64_t, 1>();
+    int64_t most = 0;
+    for (int r = 0; r < size_; ++r) {
+      for (int64_t k = 0; k < meta_n; ++k)
+        TORCH_CHECK_VALUE(k == 1 || m[r * meta_n + k] == m[rank_ * meta_n + k], "tilecomm: all_reduce of sparse "
+                          "tensors: rank ", r, "'s tensor has another shape or sparse_dim than rank ", rank_, "'s");
+      most = std::max(most, m[r * meta_n + 1]);
+    }
+    at::Tensor idx = x._indices(), val = x._values();
+    const int64_t sd = idx.size(0);
+    int64_t row = 1;  // elements of one value (the dense dimensions)
+    for (int64_t d = 1; d < val.dim(); ++d) row *= val.size(d);
+    at::Tensor idx_all = at::zeros({size_, sd, most}, idx.options());
+    at::Tensor val_all = at::zeros({size_ * most * row}, val.options());
+    idx_all[rank_].narrow(1, 0, idx.size(1)).copy_(idx);
+    val_all.narrow(0, rank_ * most * row, val.numel()).copy_(val.reshape({-1}));
+    at::Tensor idx_flat = idx_all.view({-1});
+    move(h, Coll::kAllGather, idx_flat, -1, sd * most, timeout);
+    move(h, Coll::kAllGather, val_all, -1, most * row, timeout);
+    std::vector<at::Tensor> idxs, vals;
+    std::vector<int64_t> val_shape = val.sizes().vec();
+    for (int r = 0; r < size_; ++r) {
+      const int64_t nnz = m[r * meta_n + 1];
+      idxs.push_back(idx_all[r].narrow(1, 0, nnz));
+      val_shape[0] = nnz;
+      vals.push_back(val_all.narrow(0, r * most * row, nnz * row).view(val_shape));
+    }
+    at::Tensor sum = at::sparse_coo_tensor(at::cat(idxs, 1), at::cat(vals), x.sizes(), x.options()).coalesce();
+    t.copy_(sum);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::allreduce_coalesced(std::vector<at::Tensor>& tensors,

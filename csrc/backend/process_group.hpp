@@ -181,6 +181,9 @@ class ProcessGroupTilecomm : public c10d::Backend {
   Direct directAllToAll(std::vector<at::Tensor> ins, std::vector<size_t> in_off, std::vector<size_t> in_len,
                         std::vector<at::Tensor> outs, std::vector<size_t> out_off, std::vector<size_t> out_len,
                         bool equal, DType dtype, int64_t timeout_ms);
+  /// all_reduce (SUM) of a sparse COO CPU tensor, as Gloo does it: every rank's indices and values
+  /// gathered, summed by coalescing, copied into t (Note [Sparse all_reduce]).
+  c10::intrusive_ptr<c10d::Work> allreduceSparse(at::Tensor& t, const c10d::AllreduceOptions& opts);
   c10::intrusive_ptr<c10d::Work> pointToPoint(c10d::OpType type, at::Tensor& t, int peer, int tag);
   /// Send and recv of CUDA tensors GPU to GPU (Note [Direct point-to-point] in cuda_glue.hpp).
   c10::intrusive_ptr<c10d::Work> sendDirect(const at::Tensor& t, int dst, int tag, std::shared_ptr<CudaOp> cop);

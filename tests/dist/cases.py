@@ -462,6 +462,90 @@ def all_reduce_special(rank, world, gloo):
     return True
 
 
+def _sparse(rank, world, dtype, hybrid, salt=0):
+    """An uncoalesced sparse COO tensor of shape (7, 5[, 3]) whose indices overlap other ranks' and its
+    own (rank 1 has none); values are small integers, so every sum is exact."""
+    nnz = 0 if rank == 1 else 3 + (rank + salt) % 4
+    g = torch.Generator().manual_seed(100 * rank + salt)
+    rows = torch.randint(0, 7, (nnz,), generator=g)
+    cols = torch.randint(0, 5, (nnz,), generator=g)
+    if hybrid:  # two sparse dimensions, one dense
+        vals = torch.randint(-4, 5, (nnz, 3), generator=g).to(dtype)
+        return torch.sparse_coo_tensor(torch.stack([rows, cols]), vals, (7, 5, 3))
+    vals = torch.randint(-4, 5, (nnz,), generator=g).to(dtype)
+    return torch.sparse_coo_tensor(rows[None] * 5 + cols[None], vals, (35,))
+
+
+def sparse_all_reduce(rank, world, gloo):
+    """all_reduce of sparse COO tensors (SUM): the dense closed form, Gloo's coalesced result bit for
+    bit, async with the Work's result; other ReduceOps and shapes that differ between ranks refused."""
+    for dtype in (torch.float32, torch.float64, torch.int64, torch.bfloat16):
+        for hybrid in (False, True):
+            what = f"sparse all_reduce({dtype}, hybrid={hybrid})"
+            expected = sum(_sparse(r, world, dtype, hybrid).to_dense() for r in range(world))
+            t = _sparse(rank, world, dtype, hybrid)
+            dist.all_reduce(t)
+            assert t.is_sparse and t.is_coalesced(), what
+            assert_equal(t.to_dense(), expected.to(dtype), what)
+            g = _sparse(rank, world, dtype, hybrid)
+            dist.all_reduce(g, group=gloo)
+            assert_equal(t._indices(), g._indices(), what + " indices against Gloo")
+            assert_equal(t._values(), g._values(), what + " values against Gloo")
+            assert_identical_across_ranks(t._values(), gloo, what)
+    t = _sparse(rank, world, torch.float32, True, salt=1)
+    work = dist.all_reduce(t, async_op=True)
+    work.wait()
+    value = work.get_future().value()[0]
+    expected = sum(_sparse(r, world, torch.float32, True, salt=1).to_dense() for r in range(world))
+    assert_equal(value.to_dense(), expected, "async sparse all_reduce, the future's value")
+    for op in (ReduceOp.MAX, ReduceOp.AVG, ReduceOp.PRODUCT):
+        expect_error(ValueError, lambda: dist.all_reduce(_sparse(rank, world, torch.float32, False), op=op),
+                     f"sparse all_reduce({op})", match="only ReduceOp.SUM")
+    if world > 1:
+        odd = torch.sparse_coo_tensor([[0]], [1.0], (35 + (rank == world - 1),))
+        expect_error((ValueError, RuntimeError), lambda: dist.all_reduce(odd), "sparse all_reduce, shapes differ",
+                     match=[f"rank {world - 1}'s tensor has another shape", "rank 0's tensor has another shape"])
+    check_group_healthy(gloo)
+    return True
+
+
+class _SparseEmbeddingModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(50, 6, sparse=True)  # its gradient is a sparse COO tensor
+        self.out = torch.nn.Linear(6, 1)
+
+    def forward(self, ids):
+        return self.out(self.emb(ids))
+
+
+def ddp_sparse_embedding(rank, world, gloo, steps=4):
+    """DDP of a model with a sparse embedding (sparse gradients, all_reduced as such) over tilecomm
+    and over Gloo, from the same weights and per-rank batches: the same parameters."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    final = {}
+    for name, pg in [("tilecomm", None), ("gloo", gloo)]:
+        torch.manual_seed(0)
+        model = DDP(_SparseEmbeddingModel(), process_group=pg)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(steps):
+            g = torch.Generator().manual_seed(10 * step + rank)
+            ids, y = torch.randint(0, 50, (8,), generator=g), torch.randn(8, 1, generator=g)
+            loss = torch.nn.functional.mse_loss(model(ids), y)
+            opt.zero_grad()
+            loss.backward()
+            assert model.module.emb.weight.grad.is_sparse
+            opt.step()
+        final[name] = [p.detach().clone() for p in model.module.parameters()]
+    for k, (a, b) in enumerate(zip(final["tilecomm"], final["gloo"])):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), f"param {k}: tilecomm vs gloo max diff {(a - b).abs().max()}"
+        assert_identical_across_ranks(a, gloo, f"DDP sparse embedding param {k}")
+    torch.manual_seed(0)
+    assert not torch.equal(final["tilecomm"][0], _SparseEmbeddingModel().emb.weight), "the embedding never moved"
+    return True
+
+
 def all_reduce_coalesced(rank, world, gloo, dtype="float32", ops=("sum", "avg", "max", "product")):
     dt = DTYPES[dtype]
     shapes = [(3,), (0,), (4, 5), (1001,), ()]
@@ -725,6 +809,38 @@ def reduce_scatter(rank, world, gloo, dtype, op, blocks):
             lambda: dist.reduce_scatter_tensor(z, full.clone(), op=reduce_op(op), group=gloo), lambda: z, out, what
         )
     return {"gloo": gloo_used}
+
+
+def reduce_scatter_tensor_coalesced(rank, world, gloo, dtype, op):
+    """reduce_scatter_tensor calls coalesced, as FSDP-style code issues them (the coalescing manager,
+    async and not, which hands them to the backend's reduce_scatter_tensor_coalesced), and that
+    method itself: each output gets its own call's reduced block, with blocks of 0, 1, 10 and 1001
+    elements in one call. Different counts of outputs and inputs are refused."""
+    dt = DTYPES[dtype]
+    blocks = [3, 0, 10, 1001, 1]
+    fulls = [pattern(kind_of(op), dt, m * world, rank, salt=k) for k, m in enumerate(blocks)]
+    expected = [closed_form(op, dt, m * world, range(world), salt=k)[rank * m:(rank + 1) * m] for k, m in enumerate(blocks)]
+    what = f"reduce_scatter_tensor_coalesced({op}, {dtype}, world={world})"
+    for async_ops in (True, False):
+        outs = [_garbage(dt, (m,)) for m in blocks]
+        with dist._coalescing_manager(async_ops=async_ops) as cm:
+            for o, f in zip(outs, fulls):
+                dist.reduce_scatter_tensor(o, f.clone(), op=reduce_op(op))
+        if async_ops:
+            cm.wait()
+        for k, (o, e) in enumerate(zip(outs, expected)):
+            assert_equal(o, e, f"{what} through the coalescing manager (async {async_ops}), tensor {k}")
+    opts = dist.ReduceScatterOptions()
+    opts.reduceOp = reduce_op(op)
+    pg = dist.distributed_c10d._get_default_group()
+    outs = [_garbage(dt, (m,)) for m in blocks]
+    pg.reduce_scatter_tensor_coalesced(outs, [f.clone() for f in fulls], opts).wait()
+    for k, (o, e) in enumerate(zip(outs, expected)):
+        assert_equal(o, e, f"{what} called on the group, tensor {k}")
+    expect_error(ValueError, lambda: pg.reduce_scatter_tensor_coalesced(outs[:1], fulls[:2], opts), what,
+                 match="2 inputs but 1 outputs")
+    check_group_healthy(gloo)
+    return True
 
 
 # ---------------------------------------------------------------- all_to_all
@@ -1623,6 +1739,69 @@ def fsdp2_train(rank, world, gloo, steps=4, reshard_after_forward=True):
         )
         assert_identical_across_ranks(full.detach(), gloo, f"FSDP2 param {k}")
     return {"mesh_backend": str(be_name)}
+
+
+def tensor_parallel(rank, world, gloo, steps=3):
+    """Tensor parallelism on CPU over tilecomm: the functional collectives DTensor runs on (closed
+    form), a column- then row-parallel MLP trained against a one-process reference, and its sharded
+    state dict saved and loaded with torch.distributed.checkpoint."""
+    import shutil
+    import tempfile
+
+    import torch.distributed._functional_collectives as funcol
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    world_group = dist.group.WORLD
+    x = torch.arange(6, dtype=torch.float32) + rank
+    base = torch.arange(6, dtype=torch.float32)
+    assert torch.equal(funcol.all_reduce(x, "sum", world_group), world * base + sum(range(world)))
+    assert torch.equal(funcol.all_reduce(x, "max", world_group), base + world - 1)
+    gathered = funcol.all_gather_single(x, 0, world_group)
+    assert torch.equal(gathered, torch.cat([base + r for r in range(world)]))
+    blocks = torch.arange(2 * world, dtype=torch.float32) * (rank + 1)
+    scattered = funcol.reduce_scatter_single(blocks, "sum", 0, world_group)
+    assert torch.equal(scattered, torch.arange(2 * rank, 2 * rank + 2, dtype=torch.float32) * sum(range(1, world + 1)))
+    a2a = funcol.all_to_all_single(torch.arange(world, dtype=torch.float32) + 10 * rank, None, None, world_group)
+    assert torch.equal(a2a, torch.arange(world, dtype=torch.float32) * 10 + rank)
+    coalesced = funcol.all_reduce_coalesced([x, 2 * x], "sum", world_group)
+    assert torch.equal(coalesced[1], 2 * (world * base + sum(range(world))))
+
+    mesh = init_device_mesh("cpu", (world,))
+    assert dist.get_backend(mesh.get_group()) == "tilecomm"
+    model = _mlp(seed=0)
+    ref = copy.deepcopy(model)
+    parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05)
+    for step in range(steps):
+        inp, target = _batch(step, 0)  # tensor parallel: every rank takes the same batch
+        for m, o in ((model, opt), (ref, ref_opt)):
+            o.zero_grad()
+            torch.nn.functional.mse_loss(m(inp), target).backward()
+            o.step()
+    for k, (p, q) in enumerate(zip(model.parameters(), ref.parameters())):
+        full = p.full_tensor().detach()
+        assert torch.allclose(full, q.detach(), rtol=1e-5, atol=1e-6), f"TP param {k}: max diff {(full - q).abs().max()}"
+        assert_identical_across_ranks(full, gloo, f"TP param {k}")
+
+    where = [tempfile.mkdtemp(prefix="tilecomm-dcp-") if rank == 0 else None]
+    dist.broadcast_object_list(where, src=0)
+    try:
+        dcp.save(model.state_dict(), checkpoint_id=where[0])
+        other = _mlp(seed=1)
+        parallelize_module(other, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        state = other.state_dict()
+        dcp.load(state, checkpoint_id=where[0])
+        other.load_state_dict(state)
+        for k, (p, q) in enumerate(zip(other.parameters(), model.parameters())):
+            assert torch.equal(p.to_local(), q.to_local()), f"checkpointed TP param {k} differs after load"
+    finally:
+        dist.barrier()
+        if rank == 0:
+            shutil.rmtree(where[0], ignore_errors=True)
+    return True
 
 
 # ---------------------------------------------------------------- harness self-tests

@@ -102,6 +102,11 @@ def test_all_reduce_special(pools, cfg):
     _run(pools, cfg, "all_reduce_special")
 
 
+@pytest.mark.parametrize("cfg", _params("sparse_all_reduce", [Cfg(w) for w in WORLDS]))
+def test_sparse_all_reduce(pools, cfg):
+    _run(pools, cfg, "sparse_all_reduce")
+
+
 @pytest.mark.parametrize(
     "cfg,dtype", _params("all_reduce_coalesced", [Cfg(w) for w in WORLDS], ["float32", "bfloat16", "int64"])
 )
@@ -197,6 +202,14 @@ def test_reduce_scatter(pools, cfg, dtype, op):
 )
 def test_reduce_scatter_worlds(pools, cfg, op):
     _run(pools, cfg, "reduce_scatter", dtype="float32", op=op, blocks=[0, 1, 1001])
+
+
+@pytest.mark.parametrize(
+    "cfg,dtype,op",
+    _params("reduce_scatter_tensor_coalesced", configs("reduce_scatter", [1, 3, 4]), ["float32", "int64"], ["sum", "max"]),
+)
+def test_reduce_scatter_tensor_coalesced(pools, cfg, dtype, op):
+    _run(pools, cfg, "reduce_scatter_tensor_coalesced", dtype=dtype, op=op)
 
 
 @pytest.mark.parametrize("cfg", _params("reduce_scatter_large", configs("reduce_scatter", WORLDS)))
