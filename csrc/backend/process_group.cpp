@@ -99,8 +99,28 @@ void checkTensor(const at::Tensor& t, const char* what) {
 #endif
   TORCH_CHECK_VALUE(t.layout() == at::kStrided, "tilecomm: ", what, " must be a dense (strided) tensor, got ",
                     t.layout());
-  TORCH_CHECK_VALUE(t.is_contiguous(), "tilecomm: ", what, " must be contiguous (call .contiguous() first)");
+  // CPU tensors may be strided (Note [Strided CPU tensors]); CUDA ones must be contiguous, as with NCCL.
+  TORCH_CHECK_VALUE(!t.is_cuda() || t.is_contiguous(), "tilecomm: ", what,
+                    " is a CUDA tensor that is not contiguous (call .contiguous() first)");
 }
+
+// Note [Strided CPU tensors]
+// Gloo takes CPU tensors that are not contiguous (a transposed weight, a slice with a step) in
+// its collectives, so tilecomm does too: the call's task works on contiguous copies of them,
+// made when it runs (so an earlier call's result is what it reads) and copied back into the
+// tensors it writes. Contiguous tensors, the usual case, cost one flag test each. Point-to-point
+// moves the tensor's own bytes and wants it contiguous, as Gloo's does.
+void runStrided(const std::vector<at::Tensor>& reads, const std::vector<at::Tensor>& writes,
+                const std::function<void(const Host&)>& body) {
+  Host host;
+  for (const auto* ts : {&reads, &writes})
+    for (const at::Tensor& t : *ts)
+      if (!host.has(t)) host.add(t, t.contiguous());  // a copy: what the body does not write keeps its values
+  body(host);
+  for (const at::Tensor& t : writes) t.copy_(host(t));
+}
+
+bool strided(const at::Tensor& t) { return t.layout() == at::kStrided && !t.is_contiguous(); }
 
 at::Tensor single(std::vector<at::Tensor>& ts, const char* what) {
   TORCH_CHECK_VALUE(ts.size() == 1, "tilecomm: expected exactly one ", what, " tensor, got ", ts.size());
@@ -334,13 +354,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::launch(c10d::OpType type, b
     cc->on_device = on_device;
   }
 #else
-  (void)writes, (void)direct, (void)on_device;
+  (void)direct, (void)on_device;
 #endif
+  std::vector<at::Tensor> strided_reads, strided_writes;  // Note [Strided CPU tensors]
+  if (!cc) {
+    for (const at::Tensor& t : reads)
+      if (strided(t)) strided_reads.push_back(t);
+    for (const at::Tensor& t : writes)
+      if (strided(t)) strided_writes.push_back(t);
+  }
   auto work = c10::make_intrusive<TilecommWork>(rank_, type, std::move(outputs), cc ? cc->keep : std::move(reads),
                                                 cc ? cc->op : nullptr);
   auto result = std::make_shared<std::exception_ptr>();
   exec::Engine::Task task;
-  task.run = [this, result, cc, body = std::move(body)]() {
+  task.run = [this, result, cc, body = std::move(body), sr = std::move(strided_reads),
+              sw = std::move(strided_writes)]() {
     std::string failed = engine_->failure();
 #ifdef TILECOMM_WITH_CUDA
     // A kernel of this rank that failed on the GPU fails the group, for CPU calls too, and tells the
@@ -367,7 +395,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::launch(c10d::OpType type, b
         return;
       }
 #endif
-      body(Host{});
+      if (sr.empty() && sw.empty()) {
+        body(Host{});
+      } else {
+        runStrided(sr, sw, body);
+      }
     } catch (const Error& e) {
       if (e.kind() != ErrorKind::kInvalid) engine_->fail(e.what(), e.kind() != ErrorKind::kAborted);
       *result = toException(e);
@@ -1079,6 +1111,8 @@ void ProcessGroupTilecomm::monitoredBarrier(const c10d::BarrierOptions& opts, bo
 c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::pointToPoint(c10d::OpType type, at::Tensor& t, int peer,
                                                                 int tag) {
   checkTensor(t, type == c10d::OpType::SEND ? "send tensor" : "recv tensor");
+  TORCH_CHECK_VALUE(t.is_contiguous(), "tilecomm: ", type == c10d::OpType::SEND ? "send" : "recv",
+                    " needs a contiguous tensor (call .contiguous() first)");
   if (type != c10d::OpType::RECVANYSOURCE) {
     checkRank(peer, size_, "peer rank");
     TORCH_CHECK_VALUE(peer != rank_, "tilecomm: rank ", rank_, " cannot send to or receive from itself");

@@ -102,6 +102,11 @@ def test_all_reduce_special(pools, cfg):
     _run(pools, cfg, "all_reduce_special")
 
 
+@pytest.mark.parametrize("cfg", _params("strided_tensors", [Cfg(w) for w in WORLDS]))
+def test_strided_tensors(pools, cfg):
+    _run(pools, cfg, "strided_tensors")
+
+
 @pytest.mark.parametrize("cfg", _params("sparse_all_reduce", [Cfg(w) for w in WORLDS]))
 def test_sparse_all_reduce(pools, cfg):
     _run(pools, cfg, "sparse_all_reduce")
