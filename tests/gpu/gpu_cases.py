@@ -730,7 +730,7 @@ def objects(rank, world, gloo):
 
 
 def bad_input(rank, world, gloo):
-    """Mixed devices are ValueErrors at the call; the group stays usable."""
+    """Mixed devices and strided CUDA tensors are ValueErrors at the call; the group stays usable."""
     d = dev()
     errors = []
     for call in (
@@ -745,6 +745,14 @@ def bad_input(rank, world, gloo):
         except ValueError as e:
             check("device" in str(e), f"unclear message: {e}")
     check(not errors, f"mixed devices accepted: {errors}")
+    strided = torch.ones(4, 4, device=d).t()  # CUDA tensors must be contiguous (CPU ones need not be)
+    for call in (lambda: dist.all_reduce(strided), lambda: dist.broadcast(strided, src=0)):
+        try:
+            call()
+            errors.append("no error")
+        except ValueError as e:
+            check("not contiguous" in str(e), f"unclear message: {e}")
+    check(not errors, f"a strided CUDA tensor accepted: {errors}")
     t = torch.ones(3, device=d)
     dist.all_reduce(t)
     check_equal(t, torch.full((3,), float(world)), "all_reduce after bad input")
