@@ -356,6 +356,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::launch(c10d::OpType type, b
 #else
   (void)direct, (void)on_device;
 #endif
+  issued_.fetch_add(1, std::memory_order_relaxed);
   std::vector<at::Tensor> strided_reads, strided_writes;  // Note [Strided CPU tensors]
   if (!cc) {
     for (const at::Tensor& t : reads)

@@ -6,6 +6,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -131,7 +132,11 @@ class ProcessGroupTilecomm : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
-  uint64_t getSequenceNumberForGroup() override { return 0; }
+  /// c10d's sequence number (ProcessGroupWrapper, under TORCH_DISTRIBUTED_DEBUG=DETAIL, checks it
+  /// across ranks before each collective): the collectives this rank has issued, from 0 at creation
+  /// on every rank, so there is nothing to agree on; point-to-point calls are not counted.
+  void setSequenceNumberForGroup() override {}
+  uint64_t getSequenceNumberForGroup() override { return issued_.load(std::memory_order_relaxed); }
 
   exec::Engine& engine() { return *engine_; }
   /// Enables CUDA tensors (CUDA builds): the Store and key prefix of the group's set-up, and its settings.
@@ -201,6 +206,7 @@ class ProcessGroupTilecomm : public c10d::Backend {
   std::shared_ptr<exec::Engine> engine_;
   int64_t timeout_ms_;
   std::shared_ptr<CudaGroup> cuda_;  // null: CPU tensors only
+  std::atomic<uint64_t> issued_{0};  // collectives issued (getSequenceNumberForGroup)
 };
 
 }  // namespace tilecomm::backend

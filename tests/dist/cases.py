@@ -2233,6 +2233,38 @@ def spawn_ddp_powersgd(rank, world, port, timeout_s=30, wait_s=30, steps=4, back
     return {"finished": finished, "value": value}
 
 
+def spawn_debug_detail(rank, world, port, timeout_s=30):
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL: c10d wraps the backend in its ProcessGroupWrapper, which checks
+    each collective's fingerprint and sequence number across ranks (through a Gloo helper) before
+    running it. Collectives, a DDP step and a subgroup work under it; the sequence numbers agree;
+    a mismatch is reported by the wrapper."""
+    dist.set_debug_level(dist.DebugLevel.DETAIL)
+    _init(rank, world, port, timeout_s)
+    pg = dist.distributed_c10d._get_default_group()
+    out = {"wrapper": type(pg._get_backend(torch.device("cpu"))).__name__}
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    dist.broadcast(t, src=0)
+    out["all_reduce"] = t.tolist()
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+    model(torch.randn(3, 4)).sum().backward()
+    sub = dist.new_group([0, 1])
+    if rank < 2:
+        s = torch.ones(2)
+        dist.all_reduce(s, group=sub)
+        out["subgroup"] = s.tolist()
+    out["seq"] = pg._get_backend(torch.device("cpu"))._get_sequence_number_for_group()  # the wrapper asks tilecomm
+    try:
+        if rank == 0:
+            dist.all_reduce(torch.ones(3))
+        else:
+            dist.broadcast(torch.ones(3), src=0)
+        out["mismatch"] = None
+    except Exception as e:  # noqa: BLE001
+        out["mismatch"] = str(e)
+    return out
+
+
 def spawn_p2p_timeout_per_op(rank, world, port, timeout_s=4):
     """Each point-to-point operation has its own timeout.
 

@@ -90,3 +90,15 @@ def test_ddp_powersgd_hook():
         assert o.result["finished"], f"rank {o.rank}: DDP + PowerSGD did not finish in 12 s (Gloo: 3 s; deadlock)"
         assert not isinstance(o.result["value"], str), o.result["value"]
     assert outs[0].result["value"] == outs[1].result["value"], "ranks ended with different parameters"
+
+
+def test_under_torch_distributed_debug_detail():
+    """c10d's ProcessGroupWrapper (TORCH_DISTRIBUTED_DEBUG=DETAIL) wraps tilecomm and checks its calls."""
+    outs = spawn_ranks(3, "spawn_debug_detail", timeout=90)
+    for o in outs:
+        assert o.status == "ok", str(o)
+        r = o.result
+        assert r["wrapper"] == "_ProcessGroupWrapper" and r["all_reduce"] == [3.0] * 3, r
+        assert r.get("subgroup", [2.0, 2.0]) == [2.0, 2.0], r
+        assert r["mismatch"] and "mismatch" in r["mismatch"].lower(), r
+    assert len({o.result["seq"] for o in outs}) == 1 and outs[0].result["seq"] > 0, [o.result["seq"] for o in outs]
