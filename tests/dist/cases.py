@@ -599,6 +599,65 @@ def sparse_all_reduce(rank, world, gloo):
     return True
 
 
+def _join_run(pg, rank, steps):
+    """DDP under Join, rank r taking steps + r batches (uneven inputs); the final parameters."""
+    from torch.distributed.algorithms.join import Join
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(_mlp(seed=0), process_group=pg)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with Join([model]):
+        for step in range(steps + rank):
+            x, y = _batch(step, rank)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+    return [p.detach().clone() for p in model.module.parameters()]
+
+
+def _zero_run(pg, rank, steps):
+    """DDP with ZeroRedundancyOptimizer (each rank steps its shard and broadcasts it); the final
+    parameters, and the consolidated optimizer state's size on rank 0."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(_mlp(seed=0), process_group=pg)
+    opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=1e-2, process_group=pg)
+    for step in range(steps):
+        x, y = _batch(step, rank)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    opt.consolidate_state_dict(to=0)
+    states = len(opt.state_dict()["state"]) if rank == 0 else None
+    return [p.detach().clone() for p in model.module.parameters()], states
+
+
+def ddp_join_and_zero(rank, world, gloo, steps=3):
+    """More of DDP's clients over tilecomm and over Gloo, same parameters: Join with uneven inputs
+    (ranks that ran out shadow the others' all_reduces), ZeroRedundancyOptimizer; and the autograd
+    collectives of torch.distributed.nn.functional against the closed form."""
+    import torch.distributed.nn.functional as dnf
+
+    for what, run in (("Join", lambda pg: _join_run(pg, rank, steps)), ("ZeRO", lambda pg: _zero_run(pg, rank, steps))):
+        ours, theirs = run(None), run(gloo)
+        if what == "ZeRO":
+            (ours, states), (theirs, _) = ours, theirs
+            assert rank != 0 or states == len(ours), f"ZeRO consolidated {states} states for {len(ours)} params"
+        for k, (a, b) in enumerate(zip(ours, theirs)):
+            assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), f"{what} param {k}: max diff {(a - b).abs().max()}"
+            assert_identical_across_ranks(a, gloo, f"{what} param {k}")
+    x = torch.full((3,), float(rank + 1), requires_grad=True)
+    y = dnf.all_reduce(x * 2)
+    y.sum().backward()  # the gradient of an all_reduce (sum) is the all_reduce of the gradients
+    assert y.tolist() == [float(world * (world + 1))] * 3, y
+    assert x.grad.tolist() == [2.0 * world] * 3, x.grad
+    g = torch.ones(2, requires_grad=True)
+    torch.stack(dnf.all_gather(g * (rank + 1))).sum().backward()  # every rank's sum depends on this rank's block
+    assert g.grad.tolist() == [float(world * (rank + 1))] * 2, g.grad
+    return True
+
+
 class _SparseEmbeddingModel(torch.nn.Module):
     def __init__(self):
         super().__init__()

@@ -1,4 +1,6 @@
-"""Real clients of the backend: DDP, FSDP2 and tensor-parallel training steps on CPU.
+"""Real clients of the backend on CPU: DDP (with Join, ZeRO, sparse gradients, comm hooks), FSDP2,
+tensor parallelism and distributed checkpoints, torch.distributed.nn's autograd collectives, and
+c10d's debug wrapper.
 
 DDP trains the same model, from per-rank different initial weights (DDP must
 broadcast rank 0's), once over tilecomm and once over the Gloo group; both must
@@ -29,6 +31,11 @@ def _run(pools, cfg, case, **kw):
 )
 def test_ddp_matches_gloo(pools, cfg, bucket_cap_mb):
     _run(pools, cfg, "ddp_train", steps=5, bucket_cap_mb=bucket_cap_mb)
+
+
+@pytest.mark.parametrize("cfg", [pytest.param(Cfg(w), id=f"ddp_join_zero-auto-p{w}") for w in (2, 3)])
+def test_ddp_join_zero_and_autograd_collectives(pools, cfg):
+    _run(pools, cfg, "ddp_join_and_zero")
 
 
 @pytest.mark.parametrize("cfg", [pytest.param(Cfg(w), id=f"ddp_sparse_embedding-auto-p{w}") for w in (2, 3)])
