@@ -1,5 +1,6 @@
 #include "backend/process_group.hpp"
 
+#include <ATen/MemoryOverlap.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -361,8 +362,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::launch(c10d::OpType type, b
   if (!cc) {
     for (const at::Tensor& t : reads)
       if (strided(t)) strided_reads.push_back(t);
-    for (const at::Tensor& t : writes)
-      if (strided(t)) strided_writes.push_back(t);
+    for (const at::Tensor& t : writes) {
+      if (!strided(t)) continue;
+      TORCH_CHECK_VALUE(at::has_internal_overlap(t) != at::MemOverlap::Yes, "tilecomm: ", c10d::opTypeToString(type),
+                        " cannot write a tensor whose elements share memory (an expanded tensor)");
+      strided_writes.push_back(t);
+    }
   }
   auto work = c10::make_intrusive<TilecommWork>(rank_, type, std::move(outputs), cc ? cc->keep : std::move(reads),
                                                 cc ? cc->op : nullptr);
@@ -385,6 +390,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::launch(c10d::OpType type, b
       return;
     }
     try {
+      // A collective is not differentiable: its writes into tensors that require grad (a strided
+      // copy back, AVG's division) must not be seen by autograd, which is on by default on the
+      // worker thread whatever the caller's mode.
+      at::NoGradGuard no_grad;
 #ifdef TILECOMM_WITH_CUDA
       if (cc) {
         cc->op->run(cc->keep, [&] {
@@ -701,9 +710,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::allreduce(std::vector<at::T
 
 // Note [Sparse all_reduce]
 // DDP with sparse gradients (nn.Embedding(sparse=True)) all_reduces sparse COO tensors, which Gloo
-// supports for SUM. Three all_gathers on the engine: each rank's shape and nnz (so that a rank whose
-// tensor differs fails on every rank alike, naming it), then the indices and the values, each
-// padded to the largest nnz. Every rank concatenates the blocks in rank order and coalesces (which
+// supports for SUM. Four all_gathers on the engine: each rank's dims, sparse_dim, dtype and nnz,
+// then its sizes (so that a rank whose tensor differs fails on every rank alike, naming it), then
+// the indices and the values, each padded to the largest nnz. Every rank concatenates the blocks in rank order and coalesces (which
 // sums duplicate indices), so all end with the same coalesced tensor, copied into t (its nnz
 // changes) and the Work's result.
 c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::allreduceSparse(at::Tensor& t,
@@ -717,21 +726,36 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::allreduceSparse(at::Tensor&
   int64_t timeout = timeoutOf(opts.timeout, timeout_ms_);
   return launch(c10d::OpType::ALLREDUCE, opts.asyncOp, {t}, {t}, {t}, [=](const Host& h) {
     at::Tensor x = t.coalesce();
-    const int64_t dims = x.dim(), meta_n = 2 + dims;  // sparse_dim, nnz, sizes
-    at::Tensor meta = at::empty({size_ * meta_n}, at::kLong);
-    at::Tensor mine = meta.narrow(0, rank_ * meta_n, meta_n);
-    mine[0] = x.sparse_dim();
-    mine[1] = x._nnz();
-    for (int64_t d = 0; d < dims; ++d) mine[2 + d] = x.size(d);
-    move(h, Coll::kAllGather, meta, -1, meta_n, timeout);
-    auto m = meta.accessor<int64_t, 1>();
+    // Every rank's tensor described in two all_gathers of fixed sizes (so a rank whose tensor differs
+    // is named on every rank, and the group stays usable): dims, sparse_dim, dtype and nnz, then
+    // the sizes.
+    constexpr int64_t kHead = 4;
+    at::Tensor head = at::empty({size_ * kHead}, at::kLong);
+    at::Tensor mine = head.narrow(0, rank_ * kHead, kHead);
+    mine[0] = x.dim();
+    mine[1] = x.sparse_dim();
+    mine[2] = static_cast<int64_t>(x.scalar_type());
+    mine[3] = x._nnz();
+    move(h, Coll::kAllGather, head, -1, kHead, timeout);
+    auto m = head.accessor<int64_t, 1>();
+    auto differs = [&](int r, const char* what) {
+      C10_THROW_ERROR(ValueError, c10::str("tilecomm: all_reduce of sparse tensors: rank ", r, "'s tensor has another ",
+                                           what, " than rank ", rank_, "'s"));
+    };
     int64_t most = 0;
     for (int r = 0; r < size_; ++r) {
-      for (int64_t k = 0; k < meta_n; ++k)
-        TORCH_CHECK_VALUE(k == 1 || m[r * meta_n + k] == m[rank_ * meta_n + k], "tilecomm: all_reduce of sparse "
-                          "tensors: rank ", r, "'s tensor has another shape or sparse_dim than rank ", rank_, "'s");
-      most = std::max(most, m[r * meta_n + 1]);
+      for (int64_t k = 0; k < 3; ++k)
+        if (m[r * kHead + k] != m[rank_ * kHead + k]) differs(r, k == 2 ? "dtype" : "shape or sparse_dim");
+      most = std::max(most, m[r * kHead + 3]);
     }
+    const int64_t dims = x.dim();
+    at::Tensor sizes = at::empty({size_ * dims}, at::kLong);
+    for (int64_t d = 0; d < dims; ++d) sizes[rank_ * dims + d] = x.size(d);
+    move(h, Coll::kAllGather, sizes, -1, dims, timeout);
+    auto sz = sizes.accessor<int64_t, 1>();
+    for (int r = 0; r < size_; ++r)
+      for (int64_t d = 0; d < dims; ++d)
+        if (sz[r * dims + d] != sz[rank_ * dims + d]) differs(r, "shape or sparse_dim");
     at::Tensor idx = x._indices(), val = x._values();
     const int64_t sd = idx.size(0);
     int64_t row = 1;  // elements of one value (the dense dimensions)
@@ -746,7 +770,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::allreduceSparse(at::Tensor&
     std::vector<at::Tensor> idxs, vals;
     std::vector<int64_t> val_shape = val.sizes().vec();
     for (int r = 0; r < size_; ++r) {
-      const int64_t nnz = m[r * meta_n + 1];
+      const int64_t nnz = m[r * kHead + 3];
       idxs.push_back(idx_all[r].narrow(1, 0, nnz));
       val_shape[0] = nnz;
       vals.push_back(val_all.narrow(0, r * most * row, nnz * row).view(val_shape));

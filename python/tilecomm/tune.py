@@ -328,16 +328,19 @@ def _fit_sections(parts, output, measured_with=None) -> int:
         profile[key] = consts
         profile["warnings"] += notes
         print(report(consts, records))
-    # the records of a GPU's own measurement go with the sections fitted to them; a fit of other
-    # records drops those of an earlier one
-    profile.pop("cuda_points", None)
-    profile.pop("cuda_measured_with", None)
+    # A GPU's own measurement keeps its records with the sections fitted to them; a refit of a
+    # section from other records drops that section's (the other section's stay).
+    points = {k: v for k, v in profile.pop("cuda_points", {}).items() if k not in {key for key, *_ in parts}}
+    if measured_with is not None:
+        points.update({key: records for key, _, _, records in parts})
+        profile["cuda_measured_with"] = measured_with
+    if points:
+        profile["cuda_points"] = points
+    else:
+        profile.pop("cuda_measured_with", None)
     keys = " and ".join(key for key, *_ in parts)
     on = f" on {measured_with['gpu']}" if measured_with else " from records"
-    profile["name"] = f"{base.get('name', 'profile')}; {keys} fitted{on}"
-    if measured_with is not None:
-        profile["cuda_points"] = {key: records for key, _, _, records in parts}
-        profile["cuda_measured_with"] = measured_with
+    profile["name"] = f"{base.get('name', 'profile').split('; ')[0]}; {keys} fitted{on}"  # the last fit's
     selector.save_profile(profile, output)
     print(f"\nwrote {output}; use it with TILECOMM_PROFILE={os.path.abspath(output)}")
     return 0

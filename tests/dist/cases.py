@@ -545,9 +545,22 @@ def strided_tensors(rank, world, gloo):
     w1.wait()
     w2.wait()
     assert_equal(t, torch.full((n,), float(world * sum(range(world)))), "strided async all_reduce twice")
+    # tensors that require grad (a channels_last parameter): the copy back is not autograd's
+    p = torch.nn.Parameter(torch.full((2, 3, 2, 2), float(rank)).to(memory_format=torch.channels_last))
+    assert not p.is_contiguous()
+    with torch.no_grad():
+        dist.broadcast(p, src=world - 1, async_op=True).wait()
+        dist.all_reduce(p, op=ReduceOp.AVG, async_op=True).wait()
+    assert_equal(p.detach(), torch.full((2, 3, 2, 2), float(world - 1)), "strided parameter, broadcast then AVG")
     be = backend()
     expect_error(ValueError, lambda: be.send([_strided(torch.ones(n))], (rank + 1) % world, 0), "strided send",
                  match="contiguous")
+    expanded = torch.zeros(1).expand(n)  # its elements share one float: nothing can be written into it
+    expect_error(ValueError, lambda: dist.all_reduce(expanded), "all_reduce into an expanded tensor",
+                 match="share memory")
+    src = torch.ones(n)
+    dist.broadcast(torch.ones(1).expand(n) if rank == 0 else src, src=0)  # read only: the root's may be expanded
+    assert_equal(src, torch.ones(n), "broadcast from an expanded tensor")
     check_group_healthy(gloo)
     return True
 
@@ -591,11 +604,22 @@ def sparse_all_reduce(rank, world, gloo):
     for op in (ReduceOp.MAX, ReduceOp.AVG, ReduceOp.PRODUCT):
         expect_error(ValueError, lambda: dist.all_reduce(_sparse(rank, world, torch.float32, False), op=op),
                      f"sparse all_reduce({op})", match="only ReduceOp.SUM")
+    # no rank has an entry
+    t = torch.sparse_coo_tensor(torch.zeros(2, 0, dtype=torch.int64), torch.zeros(0, 3), (7, 5, 3))
+    dist.all_reduce(t)
+    assert t._nnz() == 0 and t.shape == (7, 5, 3), t
     if world > 1:
-        odd = torch.sparse_coo_tensor([[0]], [1.0], (35 + (rank == world - 1),))
-        expect_error((ValueError, RuntimeError), lambda: dist.all_reduce(odd), "sparse all_reduce, shapes differ",
-                     match=[f"rank {world - 1}'s tensor has another shape", "rank 0's tensor has another shape"])
-    check_group_healthy(gloo)
+        last = rank == world - 1
+        # the last rank's tensor differs: every rank raises, naming it (or, on the last rank, rank 0)
+        for what, odd, about in (
+            ("sizes", torch.sparse_coo_tensor([[0]], [1.0], (35 + last,)), "shape"),
+            ("dims", torch.sparse_coo_tensor([[0], [0]] if last else [[0]], [1.0], (35, 1) if last else (35,)), "shape"),
+            ("dtype", torch.sparse_coo_tensor([[0]], torch.ones(1, dtype=torch.float64 if last else torch.float32),
+                                              (35,)), "dtype"),
+        ):
+            expect_error(ValueError, lambda: dist.all_reduce(odd), f"sparse all_reduce, {what} differ",
+                         match=[f"rank {world - 1}'s tensor has another {about}", f"rank 0's tensor has another {about}"])
+            check_group_healthy(gloo)
     return True
 
 

@@ -132,7 +132,7 @@ def test_tune_gpu_measures_and_fits_both_sections(fake_gpu, monkeypatch, tmp_pat
     assert "sets TILECOMM_ALGO, TILECOMM_TRANSPORT, TILECOMM_CUDA_IPC_BYTES itself" in report.err
 
 
-def test_a_fit_of_records_drops_an_earlier_measurements_points(fake_gpu, monkeypatch, tmp_path):
+def test_a_refit_from_records_drops_that_sections_measured_points(fake_gpu, monkeypatch, tmp_path):
     measured = tmp_path / "measured.json"
     assert tune.main(["--device", "cuda", "--world-sizes", "2,4", "-e", "64K", "-o", str(measured)]) == 0
     records = tmp_path / "kernels.jsonl"
@@ -141,8 +141,17 @@ def test_a_fit_of_records_drops_an_earlier_measurements_points(fake_gpu, monkeyp
     refit = tmp_path / "refit.json"
     assert tune.main(["--cuda-from", str(records), "-o", str(refit)]) == 0
     prof = selector.load_profile(str(refit))
+    # the cuda section's measured points go; the executor's, still describing its section, stay
+    assert set(prof["cuda_points"]) == {"cuda_executor"} and prof["cuda_measured_with"]["world_sizes"] == [2, 4]
+    assert prof["name"] == "default (shipped); cuda fitted from records"
+    executor_records = tmp_path / "executor.jsonl"
+    executor_records.write_text("".join(tune.json.dumps(r) + "\n" for r in prof["cuda_points"]["cuda_executor"]))
+    monkeypatch.setenv("TILECOMM_PROFILE", str(refit))
+    again = tmp_path / "again.json"
+    assert tune.main(["--executor-from", str(executor_records), "-o", str(again)]) == 0
+    prof = selector.load_profile(str(again))
     assert "cuda_points" not in prof and "cuda_measured_with" not in prof
-    assert prof["name"].endswith("; cuda fitted from records")
+    assert prof["name"] == "default (shipped); cuda_executor fitted from records"
 
 
 def test_tune_gpu_warns_without_mps_when_ranks_share_a_gpu(fake_gpu, monkeypatch, tmp_path, capsys):
