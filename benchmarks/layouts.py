@@ -84,11 +84,13 @@ def main():
     args = ap.parse_args()
     out = f"/tmp/tilecomm-layouts-{os.getpid()}.txt"
     print(f"# all_reduce (sum), {os.cpu_count()} cores; time: median call, slowest rank")
-    print(f"{'world':>5} {'layout':>10} {'bytes':>9} {'tilecomm (us)':>14} {'gloo (us)':>10} {'ratio':>6} {'#wrong':>7}")
+    print(f"{'world':>5} {'layout':>10} {'bytes':>9} {'tilecomm (us)':>14} {'gloo (us)':>10} {'ratio':>6} "
+          f"{'#wrong':>7}")
     try:
         for world in [int(w) for w in args.worlds.split(",")]:
             res = {}
-            for backend, kinds in (("tilecomm", ["contiguous", "strided", "sparse"]), ("gloo", ["contiguous", "sparse"])):
+            runs = (("tilecomm", ["contiguous", "strided", "sparse"]), ("gloo", ["contiguous", "sparse"]))
+            for backend, kinds in runs:
                 launch.run(_rank, world, backend, kinds, args, out)
                 with open(out) as f:
                     for line in f.read().splitlines():

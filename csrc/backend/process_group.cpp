@@ -106,11 +106,13 @@ void checkTensor(const at::Tensor& t, const char* what) {
 }
 
 // Note [Strided CPU tensors]
-// Gloo takes CPU tensors that are not contiguous (a transposed weight, a slice with a step) in
-// its collectives, so tilecomm does too: the call's task works on contiguous copies of them,
-// made when it runs (so an earlier call's result is what it reads) and copied back into the
-// tensors it writes. Contiguous tensors, the usual case, cost one flag test each. Point-to-point
-// moves the tensor's own bytes and wants it contiguous, as Gloo's does.
+// Scripts written for Gloo pass CPU tensors that are not contiguous (a transposed weight, a slice
+// with a step) to collectives; Gloo takes them (and reduces the first elements of their memory,
+// strides ignored). tilecomm's task works on contiguous copies of them, made when it runs (so an
+// earlier call's result is what it reads) and copied back into the tensors it writes. Contiguous
+// tensors, the usual case, cost one flag test each. An output whose elements share memory (an
+// expanded tensor) is refused; point-to-point moves the tensor's own bytes and wants it
+// contiguous, as Gloo's does.
 void runStrided(const std::vector<at::Tensor>& reads, const std::vector<at::Tensor>& writes,
                 const std::function<void(const Host&)>& body) {
   Host host;
@@ -357,7 +359,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::launch(c10d::OpType type, b
 #else
   (void)direct, (void)on_device;
 #endif
-  issued_.fetch_add(1, std::memory_order_relaxed);
   std::vector<at::Tensor> strided_reads, strided_writes;  // Note [Strided CPU tensors]
   if (!cc) {
     for (const at::Tensor& t : reads)
@@ -369,6 +370,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::launch(c10d::OpType type, b
       strided_writes.push_back(t);
     }
   }
+  issued_.fetch_add(1, std::memory_order_relaxed);  // a call refused above is not counted
   auto work = c10::make_intrusive<TilecommWork>(rank_, type, std::move(outputs), cc ? cc->keep : std::move(reads),
                                                 cc ? cc->op : nullptr);
   auto result = std::make_shared<std::exception_ptr>();
@@ -712,9 +714,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::allreduce(std::vector<at::T
 // DDP with sparse gradients (nn.Embedding(sparse=True)) all_reduces sparse COO tensors, which Gloo
 // supports for SUM. Four all_gathers on the engine: each rank's dims, sparse_dim, dtype and nnz,
 // then its sizes (so that a rank whose tensor differs fails on every rank alike, naming it), then
-// the indices and the values, each padded to the largest nnz. Every rank concatenates the blocks in rank order and coalesces (which
-// sums duplicate indices), so all end with the same coalesced tensor, copied into t (its nnz
-// changes) and the Work's result.
+// the indices and the values, each padded to the largest nnz. Every rank concatenates the blocks
+// in rank order and coalesces (which sums duplicate indices), so all end with the same coalesced
+// tensor, copied into t (its nnz changes) and the Work's result.
 c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::allreduceSparse(at::Tensor& t,
                                                                    const c10d::AllreduceOptions& opts) {
   TORCH_CHECK_VALUE(t.is_cpu(), "tilecomm: all_reduce of sparse tensors runs on CPU tensors; got one on ",
@@ -726,9 +728,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::allreduceSparse(at::Tensor&
   int64_t timeout = timeoutOf(opts.timeout, timeout_ms_);
   return launch(c10d::OpType::ALLREDUCE, opts.asyncOp, {t}, {t}, {t}, [=](const Host& h) {
     at::Tensor x = t.coalesce();
-    // Every rank's tensor described in two all_gathers of fixed sizes (so a rank whose tensor differs
-    // is named on every rank, and the group stays usable): dims, sparse_dim, dtype and nnz, then
-    // the sizes.
     constexpr int64_t kHead = 4;
     at::Tensor head = at::empty({size_ * kHead}, at::kLong);
     at::Tensor mine = head.narrow(0, rank_ * kHead, kHead);

@@ -35,10 +35,10 @@ and every scheduled algorithm of the GPU's schedule executor forced in turn (``t
 --device cuda --graph``), each over GPU memory (cuda_ipc) and shared host memory (host_mapped),
 all timed by CUDA-graph replay. It fits the ``cuda`` and ``cuda_executor`` sections as below,
 prints both reports and writes them, with the records (``cuda_points``), into a copy of the
-current profile. It starts its ranks itself (not under torchrun). Fitting earlier records instead: ``--cuda-from LATENCY.jsonl`` fits the CUDA kernels' constants
-(``tilecomm.cuda_model``) to the CUDA-graph times that
-``benchmarks/gpu_latency.py`` measured (``scripts/gpu-latency``), writes them
-into the ``cuda`` section of the profile (TILECOMM_PROFILE's, else the shipped
+current profile. It starts its ranks itself (not under torchrun). Fitting earlier records
+instead: ``--cuda-from LATENCY.jsonl`` fits the CUDA kernels' constants (``tilecomm.cuda_model``)
+to the CUDA-graph times that ``benchmarks/gpu_latency.py`` measured (``scripts/gpu-latency``),
+writes them into the ``cuda`` section of the profile (TILECOMM_PROFILE's, else the shipped
 default's other sections) and prints the kernel thresholds they give, and the
 regret of each ``auto`` entry measured, at every world size in the file.
 ``--executor-from BENCH.jsonl ...`` does the same for the GPU's schedule executor

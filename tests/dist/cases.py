@@ -613,12 +613,13 @@ def sparse_all_reduce(rank, world, gloo):
         # the last rank's tensor differs: every rank raises, naming it (or, on the last rank, rank 0)
         for what, odd, about in (
             ("sizes", torch.sparse_coo_tensor([[0]], [1.0], (35 + last,)), "shape"),
-            ("dims", torch.sparse_coo_tensor([[0], [0]] if last else [[0]], [1.0], (35, 1) if last else (35,)), "shape"),
+            ("dims", torch.sparse_coo_tensor([[0], [0]] if last else [[0]], [1.0], (35, 1) if last else (35,)),
+             "shape"),
             ("dtype", torch.sparse_coo_tensor([[0]], torch.ones(1, dtype=torch.float64 if last else torch.float32),
                                               (35,)), "dtype"),
         ):
-            expect_error(ValueError, lambda: dist.all_reduce(odd), f"sparse all_reduce, {what} differ",
-                         match=[f"rank {world - 1}'s tensor has another {about}", f"rank 0's tensor has another {about}"])
+            named = [f"rank {world - 1}'s tensor has another {about}", f"rank 0's tensor has another {about}"]
+            expect_error(ValueError, lambda: dist.all_reduce(odd), f"sparse all_reduce, {what} differ", match=named)
             check_group_healthy(gloo)
     return True
 
@@ -992,7 +993,8 @@ def reduce_scatter_tensor_coalesced(rank, world, gloo, dtype, op):
     dt = DTYPES[dtype]
     blocks = [3, 0, 10, 1001, 1]
     fulls = [pattern(kind_of(op), dt, m * world, rank, salt=k) for k, m in enumerate(blocks)]
-    expected = [closed_form(op, dt, m * world, range(world), salt=k)[rank * m:(rank + 1) * m] for k, m in enumerate(blocks)]
+    expected = [closed_form(op, dt, m * world, range(world), salt=k)[rank * m:(rank + 1) * m]
+                for k, m in enumerate(blocks)]
     what = f"reduce_scatter_tensor_coalesced({op}, {dtype}, world={world})"
     for async_ops in (True, False):
         outs = [_garbage(dt, (m,)) for m in blocks]
@@ -1951,7 +1953,8 @@ def tensor_parallel(rank, world, gloo, steps=3):
             o.step()
     for k, (p, q) in enumerate(zip(model.parameters(), ref.parameters())):
         full = p.full_tensor().detach()
-        assert torch.allclose(full, q.detach(), rtol=1e-5, atol=1e-6), f"TP param {k}: max diff {(full - q).abs().max()}"
+        diff = (full - q).abs().max()
+        assert torch.allclose(full, q.detach(), rtol=1e-5, atol=1e-6), f"TP param {k}: max diff {diff}"
         assert_identical_across_ranks(full, gloo, f"TP param {k}")
 
     where = [tempfile.mkdtemp(prefix="tilecomm-dcp-") if rank == 0 else None]

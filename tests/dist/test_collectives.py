@@ -211,7 +211,8 @@ def test_reduce_scatter_worlds(pools, cfg, op):
 
 @pytest.mark.parametrize(
     "cfg,dtype,op",
-    _params("reduce_scatter_tensor_coalesced", configs("reduce_scatter", [1, 3, 4]), ["float32", "int64"], ["sum", "max"]),
+    _params("reduce_scatter_tensor_coalesced", configs("reduce_scatter", [1, 3, 4]), ["float32", "int64"],
+            ["sum", "max"]),
 )
 def test_reduce_scatter_tensor_coalesced(pools, cfg, dtype, op):
     _run(pools, cfg, "reduce_scatter_tensor_coalesced", dtype=dtype, op=op)
