@@ -2628,16 +2628,26 @@ def _same(actual, expected, what, problems):
                         f"(shapes {tuple(actual.shape)}, {tuple(expected.shape)})")
 
 
-def property_call(rank, world, gloo, coll, shape, dtype, op, root, splits, salt):
+def _spaced(x):
+    """x's values in a view of every second element of a bigger tensor (not contiguous where x has
+    two or more elements)."""
+    view = torch.zeros((*x.shape, 2), dtype=x.dtype)[..., 0]
+    view.copy_(x)
+    return view
+
+
+def property_call(rank, world, gloo, coll, shape, dtype, op, root, splits, salt, strided=False):
     """One call of the Python API, on tilecomm and on Gloo, with the same inputs.
 
     Returns what each raised (or None) and the problems found: a tilecomm result
     that differs from the closed form or, where Gloo ran and is exact, from
     Gloo's, bit for bit; an error tilecomm should have raised and did not, or
     one it raised on a valid call (an invalid reduction must be a TypeError,
-    or a ValueError from torch itself).
+    or a ValueError from torch itself). With `strided`, tilecomm's tensors are
+    not contiguous (Gloo's stay contiguous: it ignores strides).
     """
     dt = DTYPES[dtype]
+    sp = _spaced if strided else (lambda t: t)
     shape = tuple(shape)
     n = numel(shape)
     first = shape[0] if shape else 1
@@ -2654,34 +2664,34 @@ def property_call(rank, world, gloo, coll, shape, dtype, op, root, splits, salt)
 
     if coll == "all_reduce":
         x = pattern(kind_of(op), dt, n, rank, salt).reshape(shape)
-        tc, gl = x.clone(), x.clone()
+        tc, gl = sp(x.clone()), x.clone()
         errs = _run_both(lambda: dist.all_reduce(tc, op=reduce_op(op)),
                          lambda: dist.all_reduce(gl, op=reduce_op(op), group=gloo))
         expected = reduced(n).reshape(shape)
     elif coll == "reduce":
         x = pattern(kind_of(op), dt, n, rank, salt).reshape(shape)
-        tc, gl = x.clone(), x.clone()
+        tc, gl = sp(x.clone()), x.clone()
         errs = _run_both(lambda: dist.reduce(tc, dst=root, op=reduce_op(op)),
                          lambda: dist.reduce(gl, dst=root, op=reduce_op(op), group=gloo))
         expected = reduced(n).reshape(shape) if rank == root else x
     elif coll == "reduce_scatter_tensor":
         x = pattern(kind_of(op), dt, world * n, rank, salt).reshape(flat)
-        tc, gl = _garbage(dt, shape), _garbage(dt, shape)
-        errs = _run_both(lambda: dist.reduce_scatter_tensor(tc, x.clone(), op=reduce_op(op)),
+        tc, gl = sp(_garbage(dt, shape)), _garbage(dt, shape)
+        errs = _run_both(lambda: dist.reduce_scatter_tensor(tc, sp(x.clone()), op=reduce_op(op)),
                          # Gloo (torch 2.13) crashes (SIGSEGV) on a 0-dim output
                          (lambda: dist.reduce_scatter_tensor(gl, x.clone(), op=reduce_op(op), group=gloo))
                          if shape else None)
         expected = reduced(world * n)[rank * n:(rank + 1) * n].reshape(shape)
     elif coll == "broadcast":
         src = _movable(dt, n, root, salt).reshape(shape)
-        tc = src.clone() if rank == root else _garbage(dt, shape)
+        tc = sp(src.clone() if rank == root else _garbage(dt, shape))
         gl = src.clone() if rank == root else _garbage(dt, shape)
         errs = _run_both(lambda: dist.broadcast(tc, src=root), lambda: dist.broadcast(gl, src=root, group=gloo))
         expected = src
     elif coll == "all_gather_into_tensor":
         mine = _movable(dt, n, rank, salt).reshape(shape)
-        tc, gl = _garbage(dt, flat), _garbage(dt, flat)
-        errs = _run_both(lambda: dist.all_gather_into_tensor(tc, mine),
+        tc, gl = sp(_garbage(dt, flat)), _garbage(dt, flat)
+        errs = _run_both(lambda: dist.all_gather_into_tensor(tc, sp(mine)),
                          lambda: dist.all_gather_into_tensor(gl, mine, group=gloo))
         expected = torch.cat([_movable(dt, n, r, salt) for r in range(world)]).reshape(flat)
     elif coll == "all_to_all_single":
@@ -2690,27 +2700,30 @@ def property_call(rank, world, gloo, coll, shape, dtype, op, root, splits, salt)
         recv = [splits[s][rank] for s in range(world)]
         inp = torch.cat([_a2a_block(rank + salt, d, send[d], rows, dt) for d in range(world)])
         expected = torch.cat([_a2a_block(s + salt, rank, recv[s], rows, dt) for s in range(world)])
-        tc, gl = _garbage(dt, tuple(expected.shape)), _garbage(dt, tuple(expected.shape))
-        errs = _run_both(lambda: dist.all_to_all_single(tc, inp, recv, send),
+        tc, gl = sp(_garbage(dt, tuple(expected.shape))), _garbage(dt, tuple(expected.shape))
+        errs = _run_both(lambda: dist.all_to_all_single(tc, sp(inp), recv, send),
                          lambda: dist.all_to_all_single(gl, inp, recv, send, group=gloo))
     elif coll == "gather":
         mine = _movable(dt, n, rank, salt).reshape(shape)
-        outs_tc = [_garbage(dt, shape) for _ in range(world)] if rank == root else None
+        outs_tc = [sp(_garbage(dt, shape)) for _ in range(world)] if rank == root else None
         outs_gl = [_garbage(dt, shape) for _ in range(world)] if rank == root else None
-        errs = _run_both(lambda: dist.gather(mine, outs_tc, dst=root),
+        errs = _run_both(lambda: dist.gather(sp(mine), outs_tc, dst=root),
                          lambda: dist.gather(mine, outs_gl, dst=root, group=gloo))
         if rank == root:
             tc, gl = torch.stack(outs_tc), torch.stack(outs_gl)
             expected = torch.stack([_movable(dt, n, r, salt).reshape(shape) for r in range(world)])
     elif coll == "scatter":
         ins = [_movable(dt, n, r, salt).reshape(shape) for r in range(world)] if rank == root else None
-        tc, gl = _garbage(dt, shape), _garbage(dt, shape)
-        errs = _run_both(lambda: dist.scatter(tc, ins, src=root), lambda: dist.scatter(gl, ins, src=root, group=gloo))
+        tc, gl = sp(_garbage(dt, shape)), _garbage(dt, shape)
+        ins_tc = [sp(t) for t in ins] if ins is not None else None
+        errs = _run_both(lambda: dist.scatter(tc, ins_tc, src=root),
+                         lambda: dist.scatter(gl, ins, src=root, group=gloo))
         expected = _movable(dt, n, rank, salt).reshape(shape)
     else:
         raise ValueError(coll)
     problems = []
-    what = f"{coll}({dtype}, shape={shape}, op={op}, root={root}, splits={splits}) on rank {rank}"
+    what = f"{coll}({dtype}, shape={shape}, op={op}, root={root}, splits={splits}, strided={strided})"
+    what += f" on rank {rank}"
     if errs[0] is not None:
         if expected_error is None or not errs[0].startswith(expected_error.__name__ + ":"):
             problems.append(f"{what}: tilecomm raised {errs[0]} (expected {expected_error})")

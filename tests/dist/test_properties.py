@@ -2,7 +2,8 @@
 
 Hypothesis runs in the test process (derandomized, a bounded number of
 examples) and draws a call: collective, shape (0-dim, empty, odd, a few
-slot-sized), dtype, ReduceOp, root, all_to_all split sizes, data salt. Every
+slot-sized), dtype, ReduceOp, root, all_to_all split sizes, data salt, and
+whether tilecomm's tensors are strided views (Gloo's stay contiguous). Every
 rank of a 3-rank pool runs it (cases.property_call), over tilecomm and over
 its Gloo group. The result must equal the closed form and Gloo's (bit for bit:
 the data are small integers, exact in every dtype), or tilecomm must raise the
@@ -42,6 +43,7 @@ def calls(draw):
         "root": draw(st.integers(0, WORLD - 1)),
         "splits": splits,
         "salt": draw(st.integers(0, 1000)),
+        "strided": draw(st.booleans()),  # tilecomm's tensors not contiguous (CPU collectives take them)
     }
 
 
@@ -57,3 +59,4 @@ def test_random_calls_match_gloo_and_closed_form(pools, call):
     assert len(errors) == 1, f"ranks disagree on whether {call} fails: {errors}"
     gloo = "ran" if res[0]["gloo"] is None else "raised" if res[0]["gloo"] != "not run" else "not run"
     event(f"tilecomm {'raised' if res[0]['tilecomm'] else 'ran'}, gloo {gloo}")  # --hypothesis-show-statistics
+    event(f"strided {call['strided']}")
