@@ -82,30 +82,22 @@ def main():
     ap.add_argument("-n", "--iters", type=int, default=20)
     ap.add_argument("-w", "--warmup", type=int, default=3)
     args = ap.parse_args()
-    out = f"/tmp/tilecomm-layouts-{os.getpid()}.txt"
     print(f"# all_reduce (sum), {os.cpu_count()} cores; time: median call, slowest rank")
-    print(f"{'world':>5} {'layout':>10} {'bytes':>9} {'tilecomm (us)':>14} {'gloo (us)':>10} {'ratio':>6} "
-          f"{'#wrong':>7}")
-    try:
-        for world in [int(w) for w in args.worlds.split(",")]:
-            res = {}
-            runs = (("tilecomm", ["contiguous", "strided", "sparse"]), ("gloo", ["contiguous", "sparse"]))
-            for backend, kinds in runs:
-                launch.run(_rank, world, backend, kinds, args, out)
-                with open(out) as f:
-                    for line in f.read().splitlines():
-                        kind, nbytes, t, wrong = line.split()
-                        res[backend, kind] = (int(nbytes), float(t), int(wrong))
-            for kind in ("contiguous", "strided", "sparse"):
-                nbytes, t, wrong = res["tilecomm", kind]
-                g = res.get(("gloo", kind))
-                gloo = f"{g[1] * 1e6:>10.1f}" if g else f"{'-':>10}"
-                ratio = f"{t / g[1]:>6.3f}" if g else f"{'-':>6}"
-                wrong += g[2] if g else 0
-                print(f"{world:>5} {kind:>10} {nbytes:>9} {t * 1e6:>14.1f} {gloo} {ratio} {wrong:>7}", flush=True)
-    finally:
-        if os.path.exists(out):
-            os.unlink(out)
+    header = ("world", 5), ("layout", 10), ("bytes", 9), ("tilecomm (us)", 14), ("gloo (us)", 10), ("ratio", 6)
+    print(" ".join(f"{name:>{width}}" for name, width in header), f"{'#wrong':>7}")
+    for world in [int(w) for w in args.worlds.split(",")]:
+        res = {}
+        for backend, kinds in (("tilecomm", ["contiguous", "strided", "sparse"]), ("gloo", ["contiguous", "sparse"])):
+            for line in launch.run_read(_rank, world, backend, kinds, args).splitlines():
+                kind, nbytes, t, wrong = line.split()
+                res[backend, kind] = (int(nbytes), float(t), int(wrong))
+        for kind in ("contiguous", "strided", "sparse"):
+            nbytes, t, wrong = res["tilecomm", kind]
+            g = res.get(("gloo", kind))
+            gloo = f"{g[1] * 1e6:>10.1f}" if g else f"{'-':>10}"
+            ratio = f"{t / g[1]:>6.3f}" if g else f"{'-':>6}"
+            wrong += g[2] if g else 0
+            print(f"{world:>5} {kind:>10} {nbytes:>9} {t * 1e6:>14.1f} {gloo} {ratio} {wrong:>7}", flush=True)
 
 
 if __name__ == "__main__":

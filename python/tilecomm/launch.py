@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import tempfile
 
 import torch
 import torch.multiprocessing as mp
@@ -33,3 +34,16 @@ def run(fn, world: int, *args):
         fn(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), *args)
         return
     mp.spawn(_entry, args=(fn, world, free_port(), args), nprocs=world, join=True)
+
+
+def run_read(fn, world: int, *args) -> str:
+    """run(fn, world, *args, path), path a fresh temporary file that fn writes (on one rank) what it
+    reports; returns that text and removes the file."""
+    fd, path = tempfile.mkstemp(prefix="tilecomm-")
+    os.close(fd)
+    try:
+        run(fn, world, *args, path)
+        with open(path) as f:
+            return f.read()
+    finally:
+        os.unlink(path)
