@@ -89,31 +89,25 @@ def main():
     ap.add_argument("-n", type=int, default=2000, help="timed calls (Gloo gets a tenth, at least 100)")
     ap.add_argument("--backends", default="tilecomm,gloo")
     args = ap.parse_args()
-    out = f"/tmp/tilecomm-latency-{os.getpid()}.txt"
     print(f"# {args.collective}, {args.bytes} B float32, {os.cpu_count()} cores")
     print(f"{'world':>5} {'backend':>11} {'us/call':>10} {'cpu us/call':>12} {'switches/call':>14} {'ratio':>7} "
           f"{'ok':>4}")
-    try:
-        for world in [int(w) for w in args.worlds.split(",")]:
-            rows = []
-            for b in args.backends.split(","):
-                if b == "tilecomm-op" and args.collective not in ("all_reduce", "all_gather"):
-                    continue
-                iters = args.n if b.startswith("tilecomm") else max(args.n // 10, 100)
-                launch.run(_rank, world, b, args.collective, args.bytes, iters, out)
-                with open(out) as f:
-                    dt, sw, cpu, bad = (float(v) for v in f.read().split())
-                rows.append((b, dt, sw, cpu, bad == 0))
-            if not rows:
+    for world in [int(w) for w in args.worlds.split(",")]:
+        rows = []
+        for b in args.backends.split(","):
+            if b == "tilecomm-op" and args.collective not in ("all_reduce", "all_gather"):
                 continue
-            ref = rows[-1][1]
-            for b, dt, sw, cpu, ok in rows:
-                print(f"{world:>5} {b:>11} {dt * 1e6:>10.1f} {cpu * 1e6:>12.1f} {sw:>14.1f} {dt / ref:>7.3f} "
-                      f"{'yes' if ok else 'NO':>4}",
-                      flush=True)
-    finally:
-        if os.path.exists(out):
-            os.unlink(out)
+            iters = args.n if b.startswith("tilecomm") else max(args.n // 10, 100)
+            report = launch.run_read(_rank, world, b, args.collective, args.bytes, iters)
+            dt, sw, cpu, bad = (float(v) for v in report.split())
+            rows.append((b, dt, sw, cpu, bad == 0))
+        if not rows:
+            continue
+        ref = rows[-1][1]
+        for b, dt, sw, cpu, ok in rows:
+            print(f"{world:>5} {b:>11} {dt * 1e6:>10.1f} {cpu * 1e6:>12.1f} {sw:>14.1f} {dt / ref:>7.3f} "
+                  f"{'yes' if ok else 'NO':>4}",
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import statistics
 import torch
 import torch.distributed as dist
 
+from tilecomm import settings
 from tilecomm.cuda_model import LL_MAX_BYTES
 
 # entry name -> the group's TILECOMM_* settings; "hm_<name>": the same over host_mapped
@@ -91,15 +92,8 @@ def make_groups(names):
     """{entry: tilecomm group} for the entries of GROUPS named (every rank, in the same order)."""
     groups = {}
     for name in names:
-        env = GROUPS[name]
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)  # rank 0's values are read at group creation
-        groups[name] = dist.new_group(backend="tilecomm")
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k)
-            else:
-                os.environ[k] = v
+        with settings.overriding(GROUPS[name]):  # rank 0's values are read at group creation
+            groups[name] = dist.new_group(backend="tilecomm")
     return groups
 
 

@@ -7,6 +7,7 @@ Within a group, rank 0's values are used by every rank.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 
@@ -279,6 +280,26 @@ def value(name: str, environ=None):
     if s.choices and v not in s.choices:
         raise ValueError(f"{name}={raw!r}: expected one of " + ", ".join(s.choices))
     return v
+
+
+@contextlib.contextmanager
+def overriding(values: dict):
+    """Sets environment variables for a block (None unsets one; processes started inside inherit
+    them), then puts back what was there."""
+    saved = {k: os.environ.get(k) for k in values}
+    _set(values)
+    try:
+        yield
+    finally:
+        _set(saved)
+
+
+def _set(values: dict):
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 def markdown() -> str:

@@ -387,29 +387,6 @@ _GPU_PATH_SETTINGS = tuple(
 )
 
 
-class _Env:
-    """Sets environment variables for a block (spawned ranks inherit them; None unsets one), then
-    restores them."""
-
-    def __init__(self, values):
-        self.values, self.saved = values, {}
-
-    def __enter__(self):
-        self.saved = {k: os.environ.get(k) for k in self.values}
-        for k, v in self.values.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-    def __exit__(self, *exc):
-        for k, v in self.saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def _executor_points(world, args, path):
     """tilecomm.bench --device cuda --graph rows of every scheduled algorithm forced, per peer memory
     (each row names the memory its group used)."""
@@ -418,7 +395,7 @@ def _executor_points(world, args, path):
               "--graph", "--jsonl", path]
     for transport in ("auto", "host_mapped"):  # auto: cuda_ipc where the GPUs reach each other's memory
         for env, collectives, algos in _EXECUTOR_RUNS:
-            with _Env({**env, "TILECOMM_TRANSPORT": transport}):
+            with settings.overriding({**env, "TILECOMM_TRANSPORT": transport}):
                 bench.main(common + ["--collective", collectives, "--algo", algos])
 
 
@@ -439,7 +416,8 @@ def tune_gpu(args, worlds) -> int:
               "restored after)", file=sys.stderr)
     grid = _grid(args)
     kernels, executor = [], []
-    with _Env(dict.fromkeys(_GPU_PATH_SETTINGS)), tempfile.TemporaryDirectory(prefix="tilecomm-tune-") as tmp:
+    tmp_dir = tempfile.TemporaryDirectory(prefix="tilecomm-tune-")
+    with settings.overriding(dict.fromkeys(_GPU_PATH_SETTINGS)), tmp_dir as tmp:
         for world in worlds:
             print(f"# world size {world}: direct kernels ...", file=sys.stderr, flush=True)
             path = os.path.join(tmp, f"kernels-{world}.jsonl")
