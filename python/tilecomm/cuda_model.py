@@ -15,7 +15,7 @@ belonging to a peer memory (``cuda_ipc``: GPU memory; ``host_mapped``:
 shared host memory over PCIe; ``nvshmem``: NVSHMEM's symmetric heap, where
 the ``nvshmem_*`` kernels run) and a protocol (``ll`` or ``simple``). The
 constants live in the profile's ``cuda`` section (the shipped default's, or
-one fitted by ``python -m tilecomm.tune --cuda-from``); ``thresholds`` turns
+one fitted by ``python -m tilecomm.tune --device cuda`` or ``--cuda-from``); ``thresholds`` turns
 them into what the group's C++ side looks up per call: per peer memory, the
 largest all_reduce that runs the LL kernel and the smallest that runs
 two_shot. all_gather's LL kernel runs up to the whole LL buffer (its own limit,
@@ -158,18 +158,18 @@ def check_constants(c: dict, keys, at: str):
 
 
 def samples(records) -> list[tuple[str, str, int, int, float]]:
-    """(memory, kernel, p, bytes, seconds) of every CUDA-graph all_reduce and all_gather time of a
-    forced kernel in ``benchmarks/gpu_latency.py`` records (each names, per entry, the kernel that ran
-    and its memory). The ``auto`` entries are left out (they validate the fit), and so is
-    ``ll_system_fence`` (a comparison with other settings)."""
+    """(memory, kernel, p, bytes, seconds) of every time of a forced kernel in ``tilecomm.gpu_points``
+    records (each names, per entry, the kernel that ran and its memory): the CUDA-graph times, and for
+    NVSHMEM's kernels, which cannot be captured, the eager ones. The ``auto`` entries are left out
+    (they validate the fit), and so is ``ll_system_fence`` (a comparison with other settings)."""
     out = []
     for r in records:
         for key, kernel in r.get("kernels", {}).items():
             entry = key.split(":", 1)[1]
             if entry.removeprefix("hm_") in ("auto", "ll_system_fence"):
                 continue
-            v = r.get(f"{key}:graph")
             memory = r.get("memory", {}).get(entry)
+            v = r.get(f"{key}:{'eager' if memory == 'nvshmem' else 'graph'}")
             if kernel in KERNELS and memory in MEMORIES and isinstance(v, (int, float)) and v > 0:
                 out.append((memory, kernel, int(r["world"]), int(r["bytes"]), float(v) * 1e-6))
     return out

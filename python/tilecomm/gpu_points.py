@@ -4,9 +4,10 @@ Shared by ``python -m tilecomm.tune --device cuda`` (the points the CUDA model i
 ``benchmarks/gpu_latency.py`` (which adds other libraries alongside). An *entry* is a group made with
 its own ``TILECOMM_*`` settings (``GROUPS``): ``ll`` (the LL kernel), ``one_shot`` and ``two_shot``
 (that simple kernel), ``auto`` (the CUDA model's pick), each over cuda_ipc (GPU memory) and, as
-``hm_<entry>``, over host_mapped (shared host memory, the PCIe path). A record names, per entry, the
-kernel that ran (``kernels``) and its peer memory (``memory``); ``tilecomm.cuda_model.samples`` reads
-the ``graph`` times of such records.
+``hm_<entry>``, over host_mapped (shared host memory, the PCIe path), and ``nvshmem_push`` /
+``nvshmem_pull`` (NVSHMEM's all_gather and reduce_scatter kernels forced). A record names, per entry,
+the kernel that ran (``kernels``) and its peer memory (``memory``); ``tilecomm.cuda_model.samples``
+reads the ``graph`` times of such records, and the ``eager`` times of NVSHMEM's kernels.
 
 Each path is timed as a loop of back-to-back calls between two CUDA events: "eager" (the host's cost
 per call included) or "graph" (the same loop captured once in a CUDA graph and replayed: the GPU's
@@ -38,6 +39,9 @@ GROUPS = {**_BASE, **{f"hm_{k}": {**v, "TILECOMM_TRANSPORT": "host_mapped"} for 
 GATHER = ("ll", "auto", "ll_system_fence")  # entries whose all_gather runs as a kernel (else it is staged)
 # What tune fits the CUDA model to: every forced kernel over both memories.
 FIT_ENTRIES = ("ll", "one_shot", "two_shot", "hm_ll", "hm_one_shot", "hm_two_shot")
+# NVSHMEM's all_gather and reduce_scatter kernels, forced. They cannot be captured in a CUDA graph
+# (their calls are counted on the host): tune fits them to eager times, which is how they always run.
+NVSHMEM_GROUPS = {"nvshmem_push": {"TILECOMM_ALGO": "nvshmem_push"}, "nvshmem_pull": {"TILECOMM_ALGO": "nvshmem_pull"}}
 
 
 def per_call(run, calls, reps, barrier):
@@ -88,11 +92,11 @@ def attempt(fn):
         return f"failed: {str(e).splitlines()[0][:80]}"
 
 
-def make_groups(names):
-    """{entry: tilecomm group} for the entries of GROUPS named (every rank, in the same order)."""
+def make_groups(names, table=GROUPS):
+    """{entry: tilecomm group} for the entries of `table` named (every rank, in the same order)."""
     groups = {}
     for name in names:
-        with settings.overriding(GROUPS[name]):  # rank 0's values are read at group creation
+        with settings.overriding(table[name]):  # rank 0's values are read at group creation
             groups[name] = dist.new_group(backend="tilecomm")
     return groups
 
@@ -145,15 +149,50 @@ def record(world, nbytes, calls, reps, kernels, memory, row) -> dict:
     return rec
 
 
+def time_nvshmem(groups, x, big, calls, reps, barrier):
+    """Eager times of all_gather (x -> big) and reduce_scatter (big -> x) per NVSHMEM entry of `groups`;
+    (row, kernels, memory) as time_entries'."""
+    row, kernels, memory = {}, {}, {}
+    for name, g in groups.items():
+        be = g._get_backend(torch.device("cuda"))
+        for coll, fn in (("all_gather", lambda g=g: dist.all_gather_into_tensor(big, x, group=g)),
+                         ("reduce_scatter", lambda g=g: dist.reduce_scatter_tensor(x, big, group=g))):
+            row[f"{coll}:{name}:eager"] = t = attempt(lambda fn=fn: eager(fn, calls, reps, barrier))
+            if isinstance(t, float):  # else the last kernel is an earlier call's
+                kernels[f"{coll}:{name}"] = be.cuda_last_kernel() or "staged"
+        memory[name] = "nvshmem"
+    return row, kernels, memory
+
+
 def fit_points(rank, world, path, grid, calls, reps):
     """tune's worker: CUDA-graph times of every FIT_ENTRIES kernel at every size of grid (float32
     sum), one record per size appended to `path` by rank 0."""
+    def measure(groups, x, big, barrier):
+        entries = [(name, name, g, False) for name, g in groups.items()]
+        return time_entries(entries, x, big, calls, reps, barrier, lambda _: False)
+
+    _points(rank, world, path, grid, calls, reps, {k: GROUPS[k] for k in FIT_ENTRIES}, measure)
+
+
+def nvshmem_fit_points(rank, world, path, grid, calls, reps):
+    """tune's worker for NVSHMEM's kernels: eager times of all_gather and reduce_scatter (float32 sum;
+    each size of grid is the bytes of one rank's block) with each NVSHMEM_GROUPS kernel forced, one
+    record per size appended to `path` by rank 0. Ranks that share a GPU need MPS and
+    CUDA_MPS_ACTIVE_THREAD_PERCENTAGE set before they start (NVSHMEM's collectives abort otherwise)."""
+    _points(rank, world, path, grid, calls, reps, NVSHMEM_GROUPS,
+            lambda groups, x, big, barrier: time_nvshmem(groups, x, big, calls, reps, barrier))
+
+
+def _points(rank, world, path, grid, calls, reps, table, measure):
+    """Joins the world, makes the groups of `table` (entry -> settings) and, per size of grid, appends
+    to `path` (rank 0) the record of measure(groups, x, big, barrier) -> (row, kernels, memory), with
+    the slowest rank's times (x: the size's float32 zeros, big: world times as many)."""
     import tilecomm  # noqa: F401,PLC0415  (registers the backend)
 
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
     dist.init_process_group("tilecomm", rank=rank, world_size=world)
     gloo = dist.new_group(backend="gloo")
-    groups = make_groups(FIT_ENTRIES)
+    groups = make_groups(table, table)
 
     def barrier():
         dist.barrier(group=gloo)
@@ -163,9 +202,8 @@ def fit_points(rank, world, path, grid, calls, reps):
         for nbytes in grid:
             n = max(1, nbytes // 4)
             x = torch.zeros(n, device=dev)  # sums stay zero however often they run
-            gout = torch.empty(world * n, device=dev)
-            entries = [(name, name, g, False) for name, g in groups.items()]
-            row, kernels, memory = time_entries(entries, x, gout, calls, reps, barrier, lambda _: False)
+            big = torch.zeros(world * n, device=dev)
+            row, kernels, memory = measure(groups, x, big, barrier)
             row = slowest(row, gloo)
             out.write(json.dumps(record(world, nbytes, calls, reps, kernels, memory, row)) + "\n")
             out.flush()

@@ -373,6 +373,33 @@ def gpu_problem() -> str:
     return ""
 
 
+def nvshmem_problem() -> str:
+    """Why NVSHMEM's kernels cannot be measured here ("" when they can)."""
+    from tilecomm import _C, nvshmem  # noqa: PLC0415
+
+    if not getattr(_C, "HAS_NVSHMEM", False):
+        return "tilecomm was built without the NVSHMEM headers"
+    return nvshmem.library()[1]
+
+
+def _gpu_share(world) -> dict:
+    """CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for ranks that share GPUs (NVSHMEM's collectives need each
+    rank's share set under MPS), else nothing."""
+    per_gpu = -(-world // max(1, torch.cuda.device_count()))
+    return {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(100 // per_gpu)} if per_gpu > 1 else {}
+
+
+def _nvshmem_points(world, args, path) -> list:
+    """gpu_points.nvshmem_fit_points' records at `world` ranks; none, with a warning, where they fail."""
+    try:
+        with settings.overriding(_gpu_share(world)):
+            launch.run(gpu_points.nvshmem_fit_points, world, path, _grid(args), args.iters, args.repeats)
+    except Exception as e:  # noqa: BLE001  (the other sections are still worth fitting)
+        print(f"warning: NVSHMEM's kernels at {world} ranks were not measured: {str(e).strip()[-300:]}",
+              file=sys.stderr)
+    return _read_records([path]) if os.path.exists(path) else []
+
+
 def _mps_running() -> bool:
     """Whether an MPS control daemon answers at the pipe directory CUDA would use."""
     return os.path.exists(os.path.join(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps"), "control"))
@@ -414,6 +441,10 @@ def tune_gpu(args, worlds) -> int:
     if ignored:
         print(f"note: tune --device cuda sets {', '.join(ignored)} itself while it measures (yours are "
               "restored after)", file=sys.stderr)
+    no_nvshmem = nvshmem_problem()
+    if no_nvshmem:
+        print(f"note: NVSHMEM's kernels are not measured ({no_nvshmem}); the profile's nvshmem constants stay",
+              file=sys.stderr)
     grid = _grid(args)
     kernels, executor = [], []
     tmp_dir = tempfile.TemporaryDirectory(prefix="tilecomm-tune-")
@@ -423,6 +454,9 @@ def tune_gpu(args, worlds) -> int:
             path = os.path.join(tmp, f"kernels-{world}.jsonl")
             launch.run(gpu_points.fit_points, world, path, grid, args.iters, args.repeats)
             kernels += _read_records([path])
+            if not no_nvshmem:
+                print(f"# world size {world}: NVSHMEM's kernels ...", file=sys.stderr, flush=True)
+                kernels += _nvshmem_points(world, args, os.path.join(tmp, f"nvshmem-{world}.jsonl"))
             print(f"# world size {world}: the schedule executor ...", file=sys.stderr, flush=True)
             path = os.path.join(tmp, f"executor-{world}.jsonl")
             _executor_points(world, args, path)
@@ -485,6 +519,15 @@ def cuda_report(consts, records) -> str:
         for m, t in cuda_model.thresholds({"cuda": consts}, p).items():
             two = "never" if t["two_shot_bytes"] == cuda_model.NEVER else t["two_shot_bytes"]
             lines.append(f"| {p} | {m} | {t['ll_bytes']} | {two} |")
+    nvshmem = nvshmem_regret(records, consts)
+    if nvshmem:
+        lines += ["", "| world | collective | pull from (B) | points | regret mean | regret worst (bytes) |",
+                  "|---|---|---|---|---|---|"]
+        for (p, coll), rs in sorted(nvshmem.items()):
+            pull = cuda_model.nvshmem_thresholds({"cuda": consts}, p)[f"{coll}_pull_bytes"]
+            worst = max(rs, key=lambda x: x[1])
+            lines.append(f"| {p} | {coll} | {'never' if pull == cuda_model.NEVER else pull} | {len(rs)} | "
+                         f"{statistics.mean(r for _, r in rs):.3f} | {worst[1]:.3f} ({worst[0]}) |")
     regrets = cuda_regret(records)
     if regrets:
         lines += ["", "| world | entry | points | regret mean | regret worst (bytes) |", "|---|---|---|---|---|"]
@@ -509,6 +552,22 @@ def cuda_regret(records) -> dict:
             forced = [v for v in forced if isinstance(v, (int, float)) and v > 0]
             if forced:
                 out.setdefault((int(r["world"]), key), []).append((int(r["bytes"]), r[f"{key}:graph"] / min(forced)))
+    return out
+
+
+def nvshmem_regret(records, consts) -> dict:
+    """{(world, "all_gather" | "reduce_scatter"): [(bytes, time of the NVSHMEM kernel that the constants'
+    thresholds pick / the faster of push and pull)]} over records where both were measured."""
+    out = {}
+    for r in records:
+        p = int(r["world"])
+        for coll in ("all_gather", "reduce_scatter"):
+            push, pull = (r.get(f"{coll}:nvshmem_{k}:eager") for k in ("push", "pull"))
+            if not all(isinstance(v, (int, float)) and v > 0 for v in (push, pull)):
+                continue
+            from_bytes = cuda_model.nvshmem_thresholds({"cuda": consts}, p)[f"{coll}_pull_bytes"]
+            chosen = pull if int(r["bytes"]) >= from_bytes else push
+            out.setdefault((p, coll), []).append((int(r["bytes"]), chosen / min(push, pull)))
     return out
 
 

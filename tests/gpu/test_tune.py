@@ -1,6 +1,6 @@
 """python -m tilecomm.tune --device cuda on the GPU: it measures the direct kernels and the schedule
-executor over cuda_ipc and host_mapped at two world sizes (a small grid), and writes a profile
-whose cuda and cuda_executor sections are fitted to what it measured.
+executor over cuda_ipc and host_mapped, and NVSHMEM's kernels, at two world sizes (a small grid), and
+writes a profile whose cuda and cuda_executor sections are fitted to what it measured.
 
 Skipped as a whole where there is no GPU (see gpu_harness.skip_without_gpu).
 """
@@ -13,7 +13,7 @@ import gpu_harness
 
 gpu_harness.skip_without_gpu()
 
-from tilecomm import cuda_model, executor_model, selector  # noqa: E402
+from tilecomm import cuda_model, executor_model, selector, tune  # noqa: E402
 
 KERNELS = {"ll": "allreduce_one_shot_ll", "one_shot": "allreduce_one_shot", "two_shot": "allreduce_two_shot"}
 
@@ -33,8 +33,21 @@ def test_tune_measures_the_gpu(tmp_path):
         for pr in cuda_model.PROTOCOLS:
             assert prof["cuda"][m][pr]["fit"]["points"] > 0, (m, pr, done.stderr[-2000:])
         assert prof["cuda_executor"][m]["fit"]["points"] > 0, (m, done.stderr[-2000:])
-    kernels, executor = prof["cuda_points"]["cuda"], prof["cuda_points"]["cuda_executor"]
+    points, executor = prof["cuda_points"]["cuda"], prof["cuda_points"]["cuda_executor"]
+    nvshmem = [r for r in points if "nvshmem" in r["memory"].values()]
+    kernels = [r for r in points if r not in nvshmem]
     assert {r["world"] for r in kernels} == {2, 3} and {r["bytes"] for r in kernels} == {8, 64, 512, 4096}
+    why = tune.nvshmem_problem()
+    assert not (why and os.environ.get("TILECOMM_TEST_REQUIRE_NVSHMEM") == "1"), why
+    if not why:  # NVSHMEM's kernels, forced, timed eagerly at every size and world (they cannot be captured)
+        assert sorted((r["world"], r["bytes"]) for r in nvshmem) == [(w, n) for w in (2, 3) for n in (8, 64, 512, 4096)]
+        for r in nvshmem:
+            for coll, short in (("all_gather", "allgather"), ("reduce_scatter", "reducescatter")):
+                for kind in ("push", "pull"):
+                    assert r["kernels"][f"{coll}:nvshmem_{kind}"] == f"{short}_nvshmem_{kind}", r
+                    assert isinstance(r[f"{coll}:nvshmem_{kind}:eager"], float), r
+        assert prof["cuda"]["nvshmem"]["simple"]["fit"]["points"] == 4 * len(nvshmem), done.stderr[-2000:]
+        assert "| 3 | all_gather |" in done.stdout
     for r in kernels:  # each forced entry ran its kernel over its memory, and every time was taken
         for entry, kernel in KERNELS.items():
             for prefix, memory in (("", "cuda_ipc"), ("hm_", "host_mapped")):

@@ -26,15 +26,16 @@ class FakeGpu:
     from bench.main's, each following the known constants; remembers what it was asked."""
 
     def __init__(self):
-        self.kernel_calls, self.bench_calls = [], []
+        self.kernel_calls, self.nvshmem_calls, self.bench_calls = [], [], []
 
     def run(self, fn, world, *args):
-        assert fn is gpu_points.fit_points
+        assert fn in (gpu_points.fit_points, gpu_points.nvshmem_fit_points)
         path, grid, calls, reps = args
-        self.kernel_calls.append((world, list(grid), calls, reps))
-        recs = kernel_records(KERNEL_KNOWN, worlds=(world,), sizes=grid)
+        nvshmem = fn is gpu_points.nvshmem_fit_points
+        share = os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+        (self.nvshmem_calls if nvshmem else self.kernel_calls).append((world, list(grid), calls, reps, share))
         with open(path, "a") as f:
-            f.writelines(tune.json.dumps(r) + "\n" for r in recs)
+            f.writelines(tune.json.dumps(r) + "\n" for r in split_records(world, grid, nvshmem))
 
     def bench(self, argv):
         args = bench.build_parser().parse_args(argv)
@@ -52,6 +53,19 @@ class FakeGpu:
                                                  "wrong": 0, "transport": memory}) + "\n")
 
 
+def split_records(world, grid, nvshmem):
+    """What gpu_points' worker writes at `world` ranks: the NVSHMEM kernels' entries of the known
+    constants' records (nvshmem_fit_points), or the others (fit_points)."""
+    out = []
+    for r in kernel_records(KERNEL_KNOWN, worlds=(world,), sizes=grid):
+        keep = {e for e, m in r["memory"].items() if (m == "nvshmem") == nvshmem}
+        out.append({"world": r["world"], "bytes": r["bytes"],
+                    "kernels": {k: v for k, v in r["kernels"].items() if k.split(":")[1] in keep},
+                    "memory": {e: r["memory"][e] for e in keep},
+                    **{k: v for k, v in r.items() if k.count(":") == 2 and k.split(":")[1] in keep}})
+    return out
+
+
 @pytest.fixture
 def fake_gpu(monkeypatch):
     fake = FakeGpu()
@@ -59,6 +73,8 @@ def fake_gpu(monkeypatch):
     monkeypatch.delenv("TILECOMM_TRANSPORT", raising=False)
     monkeypatch.setattr(tune, "gpu_problem", lambda: "")
     monkeypatch.setattr(tune, "_mps_running", lambda: True)
+    monkeypatch.setattr(tune, "nvshmem_problem", lambda: "")
+    monkeypatch.delenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", raising=False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "a GPU")
     monkeypatch.setattr(launch, "run", fake.run)
@@ -84,9 +100,9 @@ def test_tune_gpu_measures_and_fits_both_sections(fake_gpu, monkeypatch, tmp_pat
             "-r", "2", "-o", str(out)]
     assert tune.main(argv) == 0
     prof = selector.load_profile(str(out))
-    # the direct kernels' constants, over both memories, from gpu_points' records
-    for m in ("cuda_ipc", "host_mapped"):
-        for pr in cuda_model.PROTOCOLS:
+    # the direct kernels' constants, over both memories, and NVSHMEM's, from gpu_points' records
+    for m, pr in [(m, pr) for m in ("cuda_ipc", "host_mapped") for pr in cuda_model.PROTOCOLS] + [("nvshmem", "simple")]:
+        if True:
             for key, want in KERNEL_KNOWN[m][pr].items():
                 assert prof["cuda"][m][pr][key] == pytest.approx(want, rel=1e-6, abs=1e-15), (m, pr, key)
     # the executor's, over both memories, from bench's rows
@@ -96,7 +112,7 @@ def test_tune_gpu_measures_and_fits_both_sections(fake_gpu, monkeypatch, tmp_pat
     assert prof["links"] == selector.DEFAULT_PROFILE["links"]  # the CPU's sections are untouched
     # the records go in with the sections, exactly as measured, and how they were measured
     grid = list(bench.sizes(8, 1 << 20, 8))
-    kernel_want = [r for w in (2, 4) for r in kernel_records(KERNEL_KNOWN, worlds=(w,), sizes=grid)]
+    kernel_want = [r for w in (2, 4) for nv in (False, True) for r in split_records(w, grid, nv)]
     assert prof["cuda_points"]["cuda"] == tune.json.loads(tune.json.dumps(kernel_want))
     executor_rows = prof["cuda_points"]["cuda_executor"]
     assert {(r["world"], r["transport"]) for r in executor_rows} == {(w, m) for w in (2, 4) for m in EXECUTOR_KNOWN}
@@ -104,9 +120,12 @@ def test_tune_gpu_measures_and_fits_both_sections(fake_gpu, monkeypatch, tmp_pat
     assert measured["world_sizes"] == [2, 4] and measured["gpu"] == "a GPU"
     assert measured["bytes"] == [8, 1 << 20, 8] and measured["iters"] == 7 and measured["repeats"] == 2
     assert "a GPU" in prof["name"] and "cuda and cuda_executor" in prof["name"]
-    assert seen == [dict.fromkeys(("TILECOMM_TRANSPORT", "TILECOMM_CUDA_IPC_BYTES", "TILECOMM_ALGO"))] * 2
+    assert seen == [dict.fromkeys(("TILECOMM_TRANSPORT", "TILECOMM_CUDA_IPC_BYTES", "TILECOMM_ALGO"))] * 4
 
-    assert fake_gpu.kernel_calls == [(2, grid, 7, 2), (4, grid, 7, 2)]
+    # the kernels with the whole GPU per rank; NVSHMEM's with each rank's share of it set (one GPU here)
+    assert fake_gpu.kernel_calls == [(2, grid, 7, 2, None), (4, grid, 7, 2, None)]
+    assert fake_gpu.nvshmem_calls == [(2, grid, 7, 2, "50"), (4, grid, 7, 2, "25")]
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in os.environ
     # per world: both transports, the executor's collectives with every algorithm, then all_reduce's
     # scheduled algorithms with the direct kernels off; CUDA graphs on the GPU, checked
     runs = [(a.np, env.get("TILECOMM_TRANSPORT"), a.collective, env.get("TILECOMM_CUDA_ALLREDUCE"))
@@ -128,6 +147,8 @@ def test_tune_gpu_measures_and_fits_both_sections(fake_gpu, monkeypatch, tmp_pat
     assert not any(k in os.environ for k in ("TILECOMM_NVSHMEM", "TILECOMM_PROTO", "TILECOMM_CUDA_ALLREDUCE"))
     report = capsys.readouterr()
     assert "| cuda_ipc |" in report.out and "regret" in report.out
+    # all_gather: push and pull cost the same at 2 ranks under the model (push runs); at 4, pull moves less
+    assert "| 2 | all_gather | never |" in report.out and "| 4 | all_gather | 16 |" in report.out
     assert "MPS" not in report.err
     assert "sets TILECOMM_ALGO, TILECOMM_TRANSPORT, TILECOMM_CUDA_IPC_BYTES itself" in report.err
 
@@ -192,3 +213,51 @@ def test_tune_gpu_refuses_torchrun(fake_gpu, monkeypatch, capsys):
         tune.main(["--device", "cuda"])
     assert "without torchrun" in capsys.readouterr().err
     assert fake_gpu.kernel_calls == [] and fake_gpu.bench_calls == []
+
+
+def test_tune_gpu_without_nvshmem_keeps_its_constants(fake_gpu, monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(tune, "nvshmem_problem", lambda: "tilecomm was built without the NVSHMEM headers")
+    out = tmp_path / "p.json"
+    assert tune.main(["--device", "cuda", "--world-sizes", "2,4", "-e", "64K", "-o", str(out)]) == 0
+    assert fake_gpu.nvshmem_calls == [] and len(fake_gpu.kernel_calls) == 2
+    err = capsys.readouterr().err
+    assert "NVSHMEM's kernels are not measured (tilecomm was built without the NVSHMEM headers)" in err
+    assert "cuda nvshmem simple: 0 point(s)" in err
+    prof = selector.load_profile(str(out))
+    assert prof["cuda"]["nvshmem"]["simple"] == cuda_model.DEFAULT["nvshmem"]["simple"]
+    assert prof["cuda"]["cuda_ipc"]["ll"]["alpha_s"] == pytest.approx(KERNEL_KNOWN["cuda_ipc"]["ll"]["alpha_s"])
+
+
+def test_tune_gpu_goes_on_where_nvshmem_fails(fake_gpu, monkeypatch, tmp_path, capsys):
+    fake_run = fake_gpu.run
+
+    def run(fn, world, *args):
+        if fn is gpu_points.nvshmem_fit_points and world == 4:
+            fake_run(fn, world, args[0], args[1][:2], *args[2:])  # two sizes written, then it fails
+            raise RuntimeError("NVSHMEM could not start")
+        fake_run(fn, world, *args)
+
+    monkeypatch.setattr(launch, "run", run)
+    out = tmp_path / "p.json"
+    assert tune.main(["--device", "cuda", "--world-sizes", "2,4", "-b", "8", "-e", "64K", "-f", "8", "-o", str(out)]) == 0
+    assert "warning: NVSHMEM's kernels at 4 ranks were not measured: NVSHMEM could not start" in capsys.readouterr().err
+    prof = selector.load_profile(str(out))
+    nv = [r for r in prof["cuda_points"]["cuda"] if "nvshmem_push" in r["memory"]]
+    assert [(r["world"], r["bytes"]) for r in nv] == [(2, 8), (2, 64), (2, 512), (2, 4096), (2, 32768), (4, 8), (4, 64)]
+    for key, want in KERNEL_KNOWN["nvshmem"]["simple"].items():  # the points written still fit
+        assert prof["cuda"]["nvshmem"]["simple"][key] == pytest.approx(want, rel=1e-6, abs=1e-15), key
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in os.environ
+
+
+def test_nvshmem_regret_scores_the_thresholds_choice():
+    consts = cuda_model.constants({"cuda": KERNEL_KNOWN})
+    from_bytes = cuda_model.nvshmem_thresholds({"cuda": consts}, 4)["all_gather_pull_bytes"]
+    assert from_bytes == 16
+    recs = [{"world": 4, "bytes": 8, "all_gather:nvshmem_push:eager": 10.0, "all_gather:nvshmem_pull:eager": 12.0},
+            {"world": 4, "bytes": 4096, "all_gather:nvshmem_push:eager": 30.0, "all_gather:nvshmem_pull:eager": 20.0},
+            {"world": 4, "bytes": 65536, "all_gather:nvshmem_push:eager": 30.0, "all_gather:nvshmem_pull:eager": 40.0},
+            {"world": 4, "bytes": 1024, "all_gather:nvshmem_push:eager": 30.0, "all_gather:nvshmem_pull:eager": "failed"},
+            {"world": 2, "bytes": 64, "reduce_scatter:nvshmem_push:eager": 9.0, "reduce_scatter:nvshmem_pull:eager": 6.0}]
+    got = tune.nvshmem_regret(recs, consts)
+    assert got == {(4, "all_gather"): [(8, 1.0), (4096, 1.0), (65536, 40.0 / 30.0)],
+                   (2, "reduce_scatter"): [(64, 1.5)]}
