@@ -15,9 +15,10 @@ float32 sum all_reduce through:
   (torch.ops.tilecomm.all_reduce_, Note [Operators]) instead of dist.all_reduce;
 - with --nvshmem, tilecomm with TILECOMM_CUDA_ALLREDUCE=nvshmem_two_shot on an ordinary tensor
   (`nvshmem_two_shot`: staged through its buffers) and on one made with tilecomm.symmetric_empty
-  (`nvshmem_in_place`); the ranks then set CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = 100 / ranks, which
-  NVSHMEM needs on a shared GPU (and which limits every process, SymmetricMemory's too, to its share
-  of the SMs);
+  (`nvshmem_in_place`), and NVSHMEM's own reduction (`nvshmem:reduce`,
+  nvshmemx_float_sum_reduce_on_stream from one symmetric tensor into another); the ranks then set
+  CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = 100 / ranks, which NVSHMEM needs on a shared GPU (and which
+  limits every process, SymmetricMemory's too, to its share of the SMs);
 - SymmetricMemory `one_shot_all_reduce` and `two_shot_all_reduce_`
   (TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES=1 lets ranks share the GPU);
 - a device-to-device copy of the same size, for the HBM bound.
@@ -48,7 +49,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from tilecomm import launch
+from tilecomm import launch, nvshmem
 from tilecomm.bench import parse_size, sizes
 
 PATHS = ["auto", "one_shot", "two_shot", "registered", "staged"]
@@ -181,7 +182,7 @@ def _rank(rank, world, args):
     grid = list(sizes(args.minbytes, args.maxbytes, args.stepfactor))
     if args.nvshmem:  # before the GPU is touched
         os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(100 // world)
-        os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", str(max(grid) + (1 << 30)))
+        os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", str(2 * max(grid) + (1 << 30)))
     import tilecomm  # (registers the backend)
 
     torch.cuda.set_device(rank % torch.cuda.device_count())
@@ -200,6 +201,7 @@ def _rank(rank, world, args):
     symm = symmetric_memory(gloo, rank)
     nvs = groups.get("tilecomm:nvshmem_two_shot")
     heap = tilecomm.symmetric_empty(max(grid) // 4, dtype=torch.float32, group=nvs) if nvs else None
+    heap_out = tilecomm.symmetric_empty(max(grid) // 4, dtype=torch.float32, group=nvs) if nvs else None
 
     def barrier():
         dist.barrier(group=gloo)
@@ -216,8 +218,11 @@ def _rank(rank, world, args):
         runs.insert(1, ("tilecomm:auto_op", groups["tilecomm:auto"], x))
         if heap is not None:
             runs.append(("tilecomm:nvshmem_in_place", nvs, heap[:n].zero_()))
+            runs.append(("nvshmem:reduce", nvs, heap[:n]))
         for name, g, t in runs:
-            if name.endswith("_op"):
+            if name == "nvshmem:reduce":
+                call = lambda t=t: nvshmem.sum_reduce(heap_out[: t.numel()], t)  # noqa: E731
+            elif name.endswith("_op"):
                 call = lambda g=g, t=t: torch.ops.tilecomm.all_reduce_(t, "sum", g.group_name)  # noqa: E731
             else:
                 call = lambda g=g, t=t: dist.all_reduce(t, group=g)  # noqa: E731

@@ -328,6 +328,18 @@ PYBIND11_MODULE(_C, m) {
                                      c10::cuda::getCurrentCUDAStream(in.device().index()).stream());
     TORCH_CHECK(rc == 0, "tilecomm: nvshmemx_fcollectmem_on_stream returned ", rc);
   });
+  // NVSHMEM's own float32 sum reduction over every PE (benchmarks), as nvshmem_fcollect.
+  m.def("nvshmem_sum_reduce", [](at::Tensor& out, const at::Tensor& in) {
+    TORCH_CHECK_VALUE(cuda::nvshmem::myPe() >= 0, "tilecomm: NVSHMEM is not initialised");
+    TORCH_CHECK_VALUE(out.scalar_type() == at::kFloat && in.scalar_type() == at::kFloat && out.numel() == in.numel() &&
+                          out.is_contiguous() && in.is_contiguous() &&
+                          cuda::nvshmem::onHeap(out.data_ptr(), out.nbytes()) &&
+                          cuda::nvshmem::onHeap(in.data_ptr(), in.nbytes()),
+                      "tilecomm: nvshmem_sum_reduce needs float32 symmetric tensors of one size");
+    int rc = cuda::nvshmem::sumReduce(out.data_ptr<float>(), in.data_ptr<float>(), in.numel(),
+                                      c10::cuda::getCurrentCUDAStream(in.device().index()).stream());
+    TORCH_CHECK(rc == 0, "tilecomm: nvshmemx_float_sum_reduce_on_stream returned ", rc);
+  });
   m.attr("HAS_NVSHMEM") = cuda::nvshmem::built();
   pg.def("cuda_last_kernel", &backend::ProcessGroupTilecomm::cudaLastKernel);
   // What the GPUs found at the first direct call: the transport, every rank's GPU, the links.

@@ -33,6 +33,7 @@ struct Api {
   decltype(&nvshmem_barrier_all) barrier_all = nullptr;
   decltype(&nvshmemx_putmem_signal_on_stream) putmem_signal_on_stream = nullptr;
   decltype(&nvshmemx_fcollectmem_on_stream) fcollectmem_on_stream = nullptr;
+  decltype(&nvshmemx_float_sum_reduce_on_stream) float_sum_reduce_on_stream = nullptr;
   decltype(&nvshmemx_quiet_on_stream) quiet_on_stream = nullptr;
 };
 
@@ -75,6 +76,7 @@ std::string load(const std::string& path) {
   bind(g_api.barrier_all, "nvshmem_barrier_all", why);
   bind(g_api.putmem_signal_on_stream, "nvshmemx_putmem_signal_on_stream", why);
   bind(g_api.fcollectmem_on_stream, "nvshmemx_fcollectmem_on_stream", why);
+  bind(g_api.float_sum_reduce_on_stream, "nvshmemx_float_sum_reduce_on_stream", why);
   bind(g_api.quiet_on_stream, "nvshmemx_quiet_on_stream", why);
   return g_load_why = why;
 }
@@ -139,6 +141,10 @@ int fcollect(void* dest, const void* src, uint64_t bytes, cudaStream_t stream) {
   return g_api.fcollectmem_on_stream(NVSHMEM_TEAM_WORLD, dest, src, bytes, stream);
 }
 
+int sumReduce(float* dest, const float* src, uint64_t n, cudaStream_t stream) {
+  return g_api.float_sum_reduce_on_stream(NVSHMEM_TEAM_WORLD, dest, src, n, stream);
+}
+
 #else  // built without the NVSHMEM headers: nothing is offered, and load() says why
 
 bool built() { return false; }
@@ -156,6 +162,7 @@ void barrierAll() {}
 void putSignal(void*, const void*, uint64_t, uint64_t*, uint64_t, int, cudaStream_t) {}
 void quiet(cudaStream_t) {}
 int fcollect(void*, const void*, uint64_t, cudaStream_t) { return -1; }
+int sumReduce(float*, const float*, uint64_t, cudaStream_t) { return -1; }
 
 #endif
 

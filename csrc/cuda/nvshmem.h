@@ -57,5 +57,8 @@ void quiet(cudaStream_t stream);
 /// Stream-ordered NVSHMEM fcollect of `bytes` per PE over every PE (dest, src symmetric). Returns
 /// NVSHMEM's status.
 int fcollect(void* dest, const void* src, uint64_t bytes, cudaStream_t stream);
+/// Stream-ordered NVSHMEM float sum reduction of `n` elements over every PE (dest, src symmetric).
+/// Returns NVSHMEM's status.
+int sumReduce(float* dest, const float* src, uint64_t n, cudaStream_t stream);
 
 }  // namespace tilecomm::cuda::nvshmem

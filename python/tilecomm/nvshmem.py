@@ -83,3 +83,11 @@ def fcollect(out, inp) -> None:
     from tilecomm import _C  # noqa: PLC0415
 
     _C.nvshmem_fcollect(out, inp)
+
+
+def sum_reduce(out, inp) -> None:
+    """NVSHMEM's own float32 sum reduction over every PE, on the current stream (for comparisons in
+    benchmarks): ``out`` and ``inp``, of one size, must be symmetric tensors."""
+    from tilecomm import _C  # noqa: PLC0415
+
+    _C.nvshmem_sum_reduce(out, inp)

@@ -1429,10 +1429,34 @@ def spawn_nvshmem(rank, world, port, configs, dtypes, ops, sizes, large=()):
                   f"{len(_FAILURES)} failed checks so far", flush=True)
         torch.cuda.synchronize()
         dist.destroy_process_group(g)
+    if "push" in configs:
+        _nvshmem_baselines(rank, world, timeout)
     torch.cuda.synchronize()
     dist.destroy_process_group()
     finish()
     return report
+
+
+def _nvshmem_baselines(rank, world, timeout, n=1031):
+    """NVSHMEM's own fcollect and sum reduction, which the benchmarks compare with, give the closed form."""
+    from tilecomm import nvshmem
+
+    g = dist.new_group(backend="tilecomm", timeout=timeout)
+    src, red = (nvshmem.symmetric_empty(n, dtype=torch.float32, group=g) for _ in range(2))
+    out = nvshmem.symmetric_empty(world * n, dtype=torch.float32, group=g)
+    base = torch.arange(n, dtype=torch.float32)
+    src.copy_(base + rank * n)
+    nvshmem.fcollect(out, src)
+    nvshmem.sum_reduce(red, src)
+    check_equal(out, torch.arange(world * n, dtype=torch.float32), "NVSHMEM fcollect")
+    check_equal(red, world * base + n * world * (world - 1) // 2, "NVSHMEM sum reduction")
+    try:
+        nvshmem.sum_reduce(red, out)
+        check(False, "NVSHMEM sum reduction of tensors of two sizes: no error")
+    except ValueError as e:
+        check("float32 symmetric tensors of one size" in str(e), f"NVSHMEM sum reduction of two sizes: {e}")
+    torch.cuda.synchronize()
+    dist.destroy_process_group(g)
 
 
 # ---------------------------------------------------------------- the schedule executor
