@@ -327,7 +327,7 @@ def _fit_sections(parts, output, measured_with=None) -> int:
             print(f"warning: {note}", file=sys.stderr)
         profile[key] = consts
         profile["warnings"] += notes
-        print(report(consts, records))
+        print(report(consts, records) + "\n")
     # A GPU's own measurement keeps its records with the sections fitted to them; a refit of a
     # section from other records drops that section's (the other section's stay).
     points = {k: v for k, v in profile.pop("cuda_points", {}).items() if k not in {key for key, *_ in parts}}

@@ -1,6 +1,7 @@
 """NVSHMEM all_gather and reduce_scatter on CUDA tensors (push, pull, put-with-signal, inputs read and
 outputs written in place on the symmetric heap, calls in pieces), every dtype and ReduceOp against the
-closed form, at 2 and 4 ranks sharing the GPU under MPS with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = 100 / ranks.
+closed form, at 2 and 4 ranks sharing the GPU under MPS with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = 100 / ranks;
+and NVSHMEM's own fcollect and sum reduction (the benchmarks' baselines).
 
 Skipped where there is no GPU, or no NVSHMEM (TILECOMM_TEST_REQUIRE_NVSHMEM=1, as scripts/gpu-test sets it,
 makes that an error).
