@@ -255,7 +255,25 @@ PYBIND11_MODULE(_C, m) {
                         c10::intrusive_ptr<backend::ProcessGroupTilecomm>>(m, "ProcessGroupTilecomm")
                 .def(py::init<std::shared_ptr<exec::Engine>, int64_t>(), py::arg("engine"), py::arg("timeout_ms"))
                 .def("cuda_status", &backend::ProcessGroupTilecomm::cudaStatus)
-                .def("stats", [](backend::ProcessGroupTilecomm& self) { return statsDict(self.engine()); });
+                .def("stats", [](backend::ProcessGroupTilecomm& self) { return statsDict(self.engine()); })
+                // new_group calls it on the ranks left out of a group when the default group is bound
+                // to a device and can split (as NCCL's must join ncclCommSplit); Note [Splitting]: a
+                // tilecomm child needs nothing from them.
+                .def("perform_nocolor_split", [](backend::ProcessGroupTilecomm&, const py::object&) {})
+                // dist.split_group deep-copies a group's options for the child, which c10d's own
+                // Options cannot be: tilecomm._backend.Options can.
+                .def_property_readonly("options", [](backend::ProcessGroupTilecomm& self) {
+                  auto opts = self.getBackendOptions();
+                  return py::module_::import("tilecomm._backend")
+                      .attr("Options")(static_cast<int64_t>(opts->timeout.count()), opts->group_name);
+                });
+  // Note [Splitting]: a child group is set up by the same Python code as any other group.
+  backend::ProcessGroupTilecomm::setSplitHook([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                                 int64_t timeout_ms, const std::string& name) {
+    py::gil_scoped_acquire gil;
+    py::object made = py::module_::import("tilecomm._backend").attr("split")(store, rank, size, timeout_ms, name);
+    return c10::intrusive_ptr<c10d::Backend>(made.cast<c10::intrusive_ptr<backend::ProcessGroupTilecomm>>());
+  });
 #ifdef TILECOMM_WITH_CUDA
   m.attr("HAS_CUDA") = true;
   // CUDA tensors: the group's Store and key prefix (devices and peer-transport handles are

@@ -298,6 +298,38 @@ void TilecommWork::completeFuture(c10::ivalue::Future& future) {
 
 // ---------------------------------------------------------------- backend
 
+namespace {
+ProcessGroupTilecomm::SplitHook& splitHook() {
+  static ProcessGroupTilecomm::SplitHook hook;
+  return hook;
+}
+}  // namespace
+
+void ProcessGroupTilecomm::setSplitHook(SplitHook hook) { splitHook() = std::move(hook); }
+
+c10::intrusive_ptr<c10d::Backend::Options> ProcessGroupTilecomm::getBackendOptions() {
+  auto opts = c10::make_intrusive<c10d::Backend::Options>(getBackendName(), std::chrono::milliseconds(timeout_ms_));
+  opts->group_name = getGroupUid();
+  return opts;
+}
+
+// Note [Splitting]
+c10::intrusive_ptr<c10d::Backend> ProcessGroupTilecomm::split(const c10::intrusive_ptr<c10d::Store>& store,
+                                                              const std::vector<int>& ranks,
+                                                              const c10::intrusive_ptr<c10d::Backend::Options>& opts) {
+  std::vector<int> sorted = ranks;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 0; i < sorted.size(); ++i)
+    TORCH_CHECK_VALUE(sorted[i] >= 0 && sorted[i] < size_ && (i == 0 || sorted[i] != sorted[i - 1]),
+                      "tilecomm: split: ranks must be distinct ranks of this group (0..", size_ - 1, ")");
+  const auto me = std::find(sorted.begin(), sorted.end(), rank_);
+  if (me == sorted.end()) return nullptr;  // not in the child: nothing to do here
+  TORCH_CHECK(splitHook(), "tilecomm: split: the Python side of tilecomm is not loaded");
+  const int64_t timeout = opts ? static_cast<int64_t>(opts->timeout.count()) : timeout_ms_;
+  return splitHook()(store, static_cast<int>(me - sorted.begin()), static_cast<int>(sorted.size()), timeout,
+                     opts ? opts->group_name : std::string());
+}
+
 ProcessGroupTilecomm::ProcessGroupTilecomm(std::shared_ptr<exec::Engine> engine, int64_t timeout_ms)
     : c10d::Backend(engine->rank(), engine->world()), engine_(std::move(engine)), timeout_ms_(timeout_ms) {}
 

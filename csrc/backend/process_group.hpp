@@ -138,6 +138,20 @@ class ProcessGroupTilecomm : public c10d::Backend {
   void setSequenceNumberForGroup() override {}
   uint64_t getSequenceNumberForGroup() override { return issued_.load(std::memory_order_relaxed); }
 
+  // Note [Splitting]: dist.split_group (and DeviceMesh, when the default group was made with a
+  // device_id) makes a child group of some of this group's ranks through split(). The child is a new
+  // tilecomm group of those ranks, made through the Store that c10d hands over, as new_group
+  // would make it: the Python side's set-up (the split hook, which module.cpp installs) runs
+  // there. Ranks outside `ranks` get no backend and take no part; nothing of this group is shared.
+  bool supportsSplitting() const override { return true; }
+  c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override;
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
+                                          const c10::intrusive_ptr<c10d::Backend::Options>& opts) override;
+  /// Makes a tilecomm group: (store, rank in it, its size, timeout in ms, group name) -> the backend.
+  using SplitHook = std::function<c10::intrusive_ptr<c10d::Backend>(const c10::intrusive_ptr<c10d::Store>&, int, int,
+                                                                     int64_t, const std::string&)>;
+  static void setSplitHook(SplitHook hook);
+
   exec::Engine& engine() { return *engine_; }
   /// Enables CUDA tensors (CUDA builds): the Store and key prefix of the group's set-up, and its settings.
   void setCuda(std::shared_ptr<CudaGroup> cuda);

@@ -16,7 +16,9 @@ import secrets
 import socket
 import time
 from datetime import timedelta
+from types import SimpleNamespace
 
+import torch._C._distributed_c10d as _c10d
 import torch.distributed as dist
 
 from tilecomm import algorithms, cuda_model, executor_model, nvshmem, selector, settings, topology
@@ -219,6 +221,27 @@ def create(opts, pg_options=None):
                               for c in algorithms.COLLECTIVES] for m in executor_model.MEMORIES],
         )
     return pg
+
+
+class Options(_c10d.Backend.Options):
+    """A tilecomm group's options, as its backend's ``options`` gives them: dist.split_group
+    deep-copies them for the child group (c10d's own Options cannot be copied)."""
+
+    def __init__(self, timeout_ms: int, group_name: str = ""):
+        super().__init__("tilecomm", timedelta(milliseconds=timeout_ms))
+        self.group_name = group_name
+
+    def __deepcopy__(self, memo):
+        return Options(int(self._timeout.total_seconds() * 1000), self.group_name)
+
+
+def split(store, rank, world, timeout_ms, group_name):
+    """The backend of a group split from a tilecomm group (Note [Splitting] in
+    csrc/backend/process_group.hpp): `rank` of `world` ranks, set up through `store` (c10d's, one per
+    child group) exactly as create() sets up a new group."""
+    opts = SimpleNamespace(store=store, group_rank=rank, group_size=world, group_id=group_name,
+                           timeout=timedelta(milliseconds=timeout_ms))
+    return create(opts)
 
 
 def register_bytes(cfg, forced) -> list:

@@ -1567,6 +1567,44 @@ def device_mesh_2d(rank, world, gloo):
     return True
 
 
+def split_groups(rank, world, gloo):
+    """ProcessGroup.split_group, which dist.split_group and DeviceMesh call where the default group is
+    bound to an accelerator (CPU-only torch refuses that binding, so the split is called directly):
+    each rank names its child (even ranks; odd ranks but the last; the last alone), gets a tilecomm
+    group of those ranks, and a rank that names a child it is not in gets None."""
+    import copy
+    from datetime import timedelta
+
+    parent = dist.group.WORLD
+    backend = parent._get_backend(torch.device("cpu"))
+    assert backend.supports_splitting
+    opts = copy.deepcopy(backend.options)  # as dist.split_group copies the parent's options
+    assert opts.backend == "tilecomm" and opts._timeout == backend.options._timeout, opts._timeout
+    evens = list(range(0, world, 2))
+    odds = [r for r in range(1, world, 2) if r != world - 1]
+    splits = [s for s in (evens, odds, [world - 1] if world > 1 and (world - 1) % 2 else []) if s]
+    mine = next(s for s in splits if rank in s)
+    child = parent.split_group(mine, timeout=timedelta(seconds=90), opts=opts, group_name=f"split-{mine}")
+    assert child.rank() == mine.index(rank) and child.size() == len(mine), (child.rank(), child.size())
+    assert child.group_name == f"split-{mine}"
+    child_backend = child._get_backend(torch.device("cpu"))
+    assert child_backend.options._timeout == timedelta(seconds=90)
+    for n in (1, 1031):
+        t = torch.full((n,), float(rank + 1))
+        child.allreduce([t]).wait()
+        assert t.eq(sum(r + 1 for r in mine)).all(), (mine, t[:4])
+    out = [torch.empty(3) for _ in mine]
+    child.allgather([out], [torch.full((3,), float(rank))]).wait()
+    assert [o[0].item() for o in out] == [float(r) for r in mine], out
+    # a rank outside the split it names gets no group (and the others do not wait for it)
+    if world > 1:
+        other = next(s for s in splits if rank not in s) if len(splits) > 1 else None
+        if other is not None:
+            assert parent.split_group(other, opts=copy.deepcopy(opts), group_name=f"none-{rank}") is None
+    dist.barrier(group=gloo)
+    return True
+
+
 # ---------------------------------------------------------------- objects
 
 

@@ -352,6 +352,12 @@ def test_device_mesh_2d(pools, cfg):
     _run(pools, cfg, "device_mesh_2d")
 
 
+@pytest.mark.parametrize("cfg", _params("split", [Cfg(w) for w in WORLDS]))
+def test_split_groups(pools, cfg):
+    """ProcessGroup.split_group (dist.split_group's C++ side) gives tilecomm child groups."""
+    _run(pools, cfg, "split_groups")
+
+
 @pytest.mark.parametrize("cfg", _params("objects", [Cfg(w) for w in WORLDS]))
 def test_object_collectives(pools, cfg):
     _run(pools, cfg, "object_collectives")

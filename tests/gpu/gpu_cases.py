@@ -1144,6 +1144,42 @@ def spawn_free_after_destroy(rank, world, port):
     return ok
 
 
+def spawn_bound_device(rank, world, port):
+    """A default group bound to its GPU (init_process_group's device_id), as FSDP2 and TP scripts make
+    it: DeviceMesh then splits it (dist.split_group, Note [Splitting]), new_group asks the ranks left
+    out to take part in a split (perform_nocolor_split), and dist.split_group works directly; each
+    group's all_reduce of CUDA tensors gives the closed form."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    import tilecomm  # noqa: F401
+
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group("tilecomm", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}",
+                            device_id=dev())
+
+    def summed(group, members):
+        t = torch.full((1031,), float(rank + 1), device=dev())
+        dist.all_reduce(t, group=group)
+        return bool(t.eq(sum(r + 1 for r in members)).all())
+
+    rows = 2 if world % 2 == 0 else 1
+    cols = world // rows
+    mesh = init_device_mesh("cuda", (rows, cols), mesh_dim_names=("dp", "tp"))
+    r, c = divmod(rank, cols)
+    ok = {"tp": summed(mesh.get_group("tp"), [r * cols + j for j in range(cols)]),
+          "dp": summed(mesh.get_group("dp"), [i * cols + c for i in range(rows)])}
+    first = dist.new_group([0, 1] if world > 1 else [0])  # the others are asked to join a split
+    ok["new_group"] = summed(first, [0, 1] if world > 1 else [0]) if rank < 2 else first is dist.GroupMember.NON_GROUP_MEMBER
+    evens = list(range(0, world, 2))
+    child = dist.split_group(split_ranks=[evens])
+    ok["split_group"] = summed(child, evens) if rank % 2 == 0 else child is None
+    if child is not None:
+        ok["split_backend"] = dist.get_backend(child) == "tilecomm"
+    torch.cuda.synchronize()
+    dist.destroy_process_group()
+    return ok
+
+
 def spawn_allreduce_sequence(rank, world, port, timeout_s=60.0):
     """allreduce_sequence in fresh processes, e.g. without MPS (the ranks' kernels then time-slice
     the GPU instead of running side by side)."""

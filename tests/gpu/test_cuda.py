@@ -250,6 +250,15 @@ def test_ddp_matches_gloo(pools, world):
     pools.run(world, {}, "ddp_matches_gloo")
 
 
+@pytest.mark.parametrize("world", WORLDS)
+def test_default_group_bound_to_its_gpu(world):
+    """init_process_group(device_id=...): DeviceMesh, new_group and dist.split_group over tilecomm."""
+    out = gpu_harness.spawn_ranks(world, "spawn_bound_device", {}, timeout=180.0)
+    assert [status for status, _ in out] == ["ok"] * world, out
+    for _, checks in out:
+        assert all(checks.values()), out
+
+
 def test_tensors_freed_after_destroy():
     out = gpu_harness.spawn_ranks(2, "spawn_free_after_destroy", {}, timeout=90.0)
     assert out == [("ok", True), ("ok", True)], out
