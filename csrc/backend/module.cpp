@@ -344,6 +344,7 @@ PYBIND11_MODULE(_C, m) {
                       "tilecomm: nvshmem_fcollect needs symmetric tensors, out = PEs x in");
     int rc = cuda::nvshmem::fcollect(out.data_ptr(), in.data_ptr(), in.nbytes(),
                                      c10::cuda::getCurrentCUDAStream(in.device().index()).stream());
+    TORCH_CHECK(rc != cuda::nvshmem::kMissing, "tilecomm: this NVSHMEM library has no nvshmemx_fcollectmem_on_stream");
     TORCH_CHECK(rc == 0, "tilecomm: nvshmemx_fcollectmem_on_stream returned ", rc);
   });
   // NVSHMEM's own float32 sum reduction over every PE (benchmarks), as nvshmem_fcollect.
@@ -356,6 +357,8 @@ PYBIND11_MODULE(_C, m) {
                       "tilecomm: nvshmem_sum_reduce needs float32 symmetric tensors of one size");
     int rc = cuda::nvshmem::sumReduce(out.data_ptr<float>(), in.data_ptr<float>(), in.numel(),
                                       c10::cuda::getCurrentCUDAStream(in.device().index()).stream());
+    TORCH_CHECK(rc != cuda::nvshmem::kMissing,
+                "tilecomm: this NVSHMEM library has no nvshmemx_float_sum_reduce_on_stream");
     TORCH_CHECK(rc == 0, "tilecomm: nvshmemx_float_sum_reduce_on_stream returned ", rc);
   });
   m.attr("HAS_NVSHMEM") = cuda::nvshmem::built();

@@ -325,9 +325,18 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupTilecomm::split(const c10::intrusi
   const auto me = std::find(sorted.begin(), sorted.end(), rank_);
   if (me == sorted.end()) return nullptr;  // not in the child: nothing to do here
   TORCH_CHECK(splitHook(), "tilecomm: split: the Python side of tilecomm is not loaded");
+  const std::string name = opts ? opts->group_name : std::string();
+  std::lock_guard<std::mutex> lk(split_mu_);
+  if (split_store_ == store.get() && split_name_ == name) {
+    if (auto child = split_child_.lock()) return child;  // the same child, for another device type
+  }
   const int64_t timeout = opts ? static_cast<int64_t>(opts->timeout.count()) : timeout_ms_;
-  return splitHook()(store, static_cast<int>(me - sorted.begin()), static_cast<int>(sorted.size()), timeout,
-                     opts ? opts->group_name : std::string());
+  auto child = splitHook()(store, static_cast<int>(me - sorted.begin()), static_cast<int>(sorted.size()), timeout,
+                           name);
+  split_store_ = store.get();
+  split_name_ = name;
+  split_child_ = child;
+  return child;
 }
 
 ProcessGroupTilecomm::ProcessGroupTilecomm(std::shared_ptr<exec::Engine> engine, int64_t timeout_ms)

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -143,6 +144,8 @@ class ProcessGroupTilecomm : public c10d::Backend {
   // tilecomm group of those ranks, made through the Store that c10d hands over, as new_group
   // would make it: the Python side's set-up (the split hook, which module.cpp installs) runs
   // there. Ranks outside `ranks` get no backend and take no part; nothing of this group is shared.
+  // c10d calls split once per device type the backend serves (CPU and CUDA here) with the same
+  // Store: the second call returns the child the first made.
   bool supportsSplitting() const override { return true; }
   c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override;
   c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
@@ -220,6 +223,11 @@ class ProcessGroupTilecomm : public c10d::Backend {
   std::shared_ptr<exec::Engine> engine_;
   int64_t timeout_ms_;
   std::shared_ptr<CudaGroup> cuda_;  // null: CPU tensors only
+  // Note [Splitting]: the last child made, and the Store and name it was made with.
+  std::mutex split_mu_;
+  const c10d::Store* split_store_ = nullptr;
+  std::string split_name_;
+  c10::weak_intrusive_ptr<c10d::Backend> split_child_{c10::intrusive_ptr<c10d::Backend>()};
   std::atomic<uint64_t> issued_{0};  // collectives issued (getSequenceNumberForGroup)
 };
 

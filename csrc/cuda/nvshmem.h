@@ -54,11 +54,13 @@ void putSignal(void* dest, const void* src, uint64_t bytes, uint64_t* sig, uint6
 /// Stream-ordered: every earlier put of this PE delivered (so that the next call's puts, and their
 /// signals, cannot overtake them on a transport that does not keep order).
 void quiet(cudaStream_t stream);
+/// What fcollect and sumReduce return where the library lacks the entry point.
+constexpr int kMissing = -1000;
 /// Stream-ordered NVSHMEM fcollect of `bytes` per PE over every PE (dest, src symmetric). Returns
-/// NVSHMEM's status.
+/// NVSHMEM's status, or kMissing.
 int fcollect(void* dest, const void* src, uint64_t bytes, cudaStream_t stream);
 /// Stream-ordered NVSHMEM float sum reduction of `n` elements over every PE (dest, src symmetric).
-/// Returns NVSHMEM's status.
+/// Returns NVSHMEM's status, or kMissing.
 int sumReduce(float* dest, const float* src, uint64_t n, cudaStream_t stream);
 
 }  // namespace tilecomm::cuda::nvshmem

@@ -232,7 +232,7 @@ class Options(_c10d.Backend.Options):
         self.group_name = group_name
 
     def __deepcopy__(self, memo):
-        return Options(int(self._timeout.total_seconds() * 1000), self.group_name)
+        return Options(self._timeout // timedelta(milliseconds=1), self.group_name)
 
 
 def split(store, rank, world, timeout_ms, group_name):

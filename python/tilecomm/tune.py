@@ -517,6 +517,8 @@ def cuda_report(consts, records) -> str:
     lines += ["", "| world | memory | LL up to (B) | two_shot from (B) |", "|---|---|---|---|"]
     for p in worlds:
         for m, t in cuda_model.thresholds({"cuda": consts}, p).items():
+            if m == "nvshmem":  # no all_reduce kernel runs over it: its thresholds mean nothing
+                continue
             two = "never" if t["two_shot_bytes"] == cuda_model.NEVER else t["two_shot_bytes"]
             lines.append(f"| {p} | {m} | {t['ll_bytes']} | {two} |")
     nvshmem = nvshmem_regret(records, consts)

@@ -1596,6 +1596,8 @@ def split_groups(rank, world, gloo):
     out = [torch.empty(3) for _ in mine]
     child.allgather([out], [torch.full((3,), float(rank))]).wait()
     assert [o[0].item() for o in out] == [float(r) for r in mine], out
+    # set up once per rank, through the Store c10d made for the child
+    assert child.get_group_store().add("tilecomm/creations", 0) == len(mine)
     # a rank outside the split it names gets no group (and the others do not wait for it)
     if world > 1:
         other = next(s for s in splits if rank not in s) if len(splits) > 1 else None

@@ -1175,6 +1175,8 @@ def spawn_bound_device(rank, world, port):
     ok["split_group"] = summed(child, evens) if rank % 2 == 0 else child is None
     if child is not None:
         ok["split_backend"] = dist.get_backend(child) == "tilecomm"
+        # c10d asks for the child once per device type (CPU and CUDA): it is set up once
+        ok["split_once"] = child.get_group_store().add("tilecomm/creations", 0) == len(evens)
     torch.cuda.synchronize()
     dist.destroy_process_group()
     return ok

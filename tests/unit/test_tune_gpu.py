@@ -102,9 +102,8 @@ def test_tune_gpu_measures_and_fits_both_sections(fake_gpu, monkeypatch, tmp_pat
     prof = selector.load_profile(str(out))
     # the direct kernels' constants, over both memories, and NVSHMEM's, from gpu_points' records
     for m, pr in [(m, pr) for m in ("cuda_ipc", "host_mapped") for pr in cuda_model.PROTOCOLS] + [("nvshmem", "simple")]:
-        if True:
-            for key, want in KERNEL_KNOWN[m][pr].items():
-                assert prof["cuda"][m][pr][key] == pytest.approx(want, rel=1e-6, abs=1e-15), (m, pr, key)
+        for key, want in KERNEL_KNOWN[m][pr].items():
+            assert prof["cuda"][m][pr][key] == pytest.approx(want, rel=1e-6, abs=1e-15), (m, pr, key)
     # the executor's, over both memories, from bench's rows
     for m, consts in EXECUTOR_KNOWN.items():
         for key, want in consts.items():
