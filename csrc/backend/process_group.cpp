@@ -2,6 +2,7 @@
 
 #include <ATen/MemoryOverlap.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <algorithm>
 
@@ -331,7 +332,12 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupTilecomm::split(const c10::intrusi
     if (auto child = split_child_.lock()) return child;  // the same child, for another device type
   }
   const int64_t timeout = opts ? static_cast<int64_t>(opts->timeout.count()) : timeout_ms_;
-  auto child = splitHook()(store, static_cast<int>(me - sorted.begin()), static_cast<int>(sorted.size()), timeout,
+  // The children of one split may come with one Store and one name (dist.split_group names them by a
+  // counter in some torch versions): each child sets up under a prefix of its own ranks.
+  std::string members;
+  for (int r : sorted) members += (members.empty() ? "" : ",") + std::to_string(r);
+  auto scoped = c10::make_intrusive<c10d::PrefixStore>("tilecomm-split[" + members + "]", store);
+  auto child = splitHook()(scoped, static_cast<int>(me - sorted.begin()), static_cast<int>(sorted.size()), timeout,
                            name);
   split_store_ = store.get();
   split_name_ = name;

@@ -143,7 +143,8 @@ class ProcessGroupTilecomm : public c10d::Backend {
   // device_id) makes a child group of some of this group's ranks through split(). The child is a new
   // tilecomm group of those ranks, made through the Store that c10d hands over, as new_group
   // would make it: the Python side's set-up (the split hook, which module.cpp installs) runs
-  // there. Ranks outside `ranks` get no backend and take no part; nothing of this group is shared.
+  // there, under a prefix naming the child's ranks (the children of one split may share the Store
+  // and the name). Ranks outside `ranks` get no backend and take no part; nothing of this group is shared.
   // c10d calls split once per device type the backend serves (CPU and CUDA here) with the same
   // Store: the second call returns the child the first made.
   bool supportsSplitting() const override { return true; }

@@ -1176,7 +1176,8 @@ def spawn_bound_device(rank, world, port):
     if child is not None:
         ok["split_backend"] = dist.get_backend(child) == "tilecomm"
         # c10d asks for the child once per device type (CPU and CUDA): it is set up once
-        ok["split_once"] = child.get_group_store().add("tilecomm/creations", 0) == len(evens)
+        scoped = f"tilecomm-split[{','.join(map(str, evens))}]/"
+        ok["split_once"] = child.get_group_store().add(scoped + "tilecomm/creations", 0) == len(evens)
     torch.cuda.synchronize()
     dist.destroy_process_group()
     return ok
