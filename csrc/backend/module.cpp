@@ -253,7 +253,10 @@ PYBIND11_MODULE(_C, m) {
 
   auto pg = py::class_<backend::ProcessGroupTilecomm, c10d::Backend,
                         c10::intrusive_ptr<backend::ProcessGroupTilecomm>>(m, "ProcessGroupTilecomm")
-                .def(py::init<std::shared_ptr<exec::Engine>, int64_t>(), py::arg("engine"), py::arg("timeout_ms"))
+                .def(py::init<std::shared_ptr<exec::Engine>, int64_t, c10::intrusive_ptr<c10d::Store>>(), py::arg("engine"),
+                     py::arg("timeout_ms"), py::arg("store"))
+                // Note [Splitting]: the Store the group was set up through; its children set up there.
+                .def_property_readonly("setup_store", &backend::ProcessGroupTilecomm::setupStore)
                 .def("cuda_status", &backend::ProcessGroupTilecomm::cudaStatus)
                 .def("stats", [](backend::ProcessGroupTilecomm& self) { return statsDict(self.engine()); })
                 // new_group calls it on the ranks left out of a group when the default group is bound

@@ -328,25 +328,29 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupTilecomm::split(const c10::intrusi
   TORCH_CHECK(splitHook(), "tilecomm: split: the Python side of tilecomm is not loaded");
   const std::string name = opts ? opts->group_name : std::string();
   std::lock_guard<std::mutex> lk(split_mu_);
-  if (split_store_ == store.get() && split_name_ == name) {
+  if (split_store_ == store && split_name_ == name) {
     if (auto child = split_child_.lock()) return child;  // the same child, for another device type
   }
   const int64_t timeout = opts ? static_cast<int64_t>(opts->timeout.count()) : timeout_ms_;
-  // The children of one split may come with one Store and one name (dist.split_group names them by a
-  // counter in some torch versions): each child sets up under a prefix of its own ranks.
   std::string members;
   for (int r : sorted) members += (members.empty() ? "" : ",") + std::to_string(r);
-  auto scoped = c10::make_intrusive<c10d::PrefixStore>("tilecomm-split[" + members + "]", store);
+  auto scoped = c10::make_intrusive<c10d::PrefixStore>("tilecomm-split[" + members + "]", store_);
   auto child = splitHook()(scoped, static_cast<int>(me - sorted.begin()), static_cast<int>(sorted.size()), timeout,
                            name);
-  split_store_ = store.get();
+  split_store_ = store;
   split_name_ = name;
   split_child_ = child;
   return child;
 }
 
-ProcessGroupTilecomm::ProcessGroupTilecomm(std::shared_ptr<exec::Engine> engine, int64_t timeout_ms)
-    : c10d::Backend(engine->rank(), engine->world()), engine_(std::move(engine)), timeout_ms_(timeout_ms) {}
+ProcessGroupTilecomm::ProcessGroupTilecomm(std::shared_ptr<exec::Engine> engine, int64_t timeout_ms,
+                                           c10::intrusive_ptr<c10d::Store> store)
+    : c10d::Backend(engine->rank(), engine->world()),
+      engine_(std::move(engine)),
+      timeout_ms_(timeout_ms),
+      store_(std::move(store)) {
+  TORCH_CHECK_VALUE(store_, "tilecomm: a group needs the Store it was set up through");
+}
 
 ProcessGroupTilecomm::~ProcessGroupTilecomm() {
 #ifdef TILECOMM_WITH_CUDA

@@ -89,7 +89,8 @@ class TilecommWork : public c10d::Work {
 
 class ProcessGroupTilecomm : public c10d::Backend {
  public:
-  ProcessGroupTilecomm(std::shared_ptr<exec::Engine> engine, int64_t timeout_ms);
+  /// `store`: the Store the group was set up through (Note [Splitting]: its children set up there).
+  ProcessGroupTilecomm(std::shared_ptr<exec::Engine> engine, int64_t timeout_ms, c10::intrusive_ptr<c10d::Store> store);
   /// Stops the point-to-point thread first: its callbacks use the group's CUDA side, which goes next.
   ~ProcessGroupTilecomm() override;
 
@@ -141,10 +142,16 @@ class ProcessGroupTilecomm : public c10d::Backend {
 
   // Note [Splitting]: dist.split_group (and DeviceMesh, when the default group was made with a
   // device_id) makes a child group of some of this group's ranks through split(). The child is a new
-  // tilecomm group of those ranks, made through the Store that c10d hands over, as new_group
-  // would make it: the Python side's set-up (the split hook, which module.cpp installs) runs
-  // there, under a prefix naming the child's ranks (the children of one split may share the Store
-  // and the name). Ranks outside `ranks` get no backend and take no part; nothing of this group is shared.
+  // tilecomm group of those ranks, set up by the Python side as new_group would set it up (the split
+  // hook, which module.cpp installs), through this group's own set-up Store under a prefix naming the
+  // child's ranks: `tilecomm-split[0,2]`. Two children of the same ranks take successive generations
+  // there (the creation counter of tilecomm._backend.create).
+  // The Store that c10d hands over is not used for this: c10d names it after the child, and the
+  // members of one child may be given different names. torch's dist.split_group hashes the ranks
+  // with the count of groups this process has registered, and a new_group registers only on its
+  // members, so after new_group([0, 1]) ranks 0 and 2 of a world of 4 name the child [0, 2] apart.
+  // NCCL splits its communicator and needs no Store; a set-up through c10d's would hang.
+  // Ranks outside `ranks` get no backend and take no part; nothing of this group is shared.
   // c10d calls split once per device type the backend serves (CPU and CUDA here) with the same
   // Store: the second call returns the child the first made.
   bool supportsSplitting() const override { return true; }
@@ -157,6 +164,7 @@ class ProcessGroupTilecomm : public c10d::Backend {
   static void setSplitHook(SplitHook hook);
 
   exec::Engine& engine() { return *engine_; }
+  const c10::intrusive_ptr<c10d::Store>& setupStore() const { return store_; }
   /// Enables CUDA tensors (CUDA builds): the Store and key prefix of the group's set-up, and its settings.
   void setCuda(std::shared_ptr<CudaGroup> cuda);
   /// The CUDA side's state, for tests and debugging ("" before setCuda).
@@ -224,9 +232,11 @@ class ProcessGroupTilecomm : public c10d::Backend {
   std::shared_ptr<exec::Engine> engine_;
   int64_t timeout_ms_;
   std::shared_ptr<CudaGroup> cuda_;  // null: CPU tensors only
-  // Note [Splitting]: the last child made, and the Store and name it was made with.
+  c10::intrusive_ptr<c10d::Store> store_;  // the set-up Store (Note [Splitting])
+  // Note [Splitting]: the last child made, and the Store c10d handed over for it (held, so that no
+  // later Store can take its address) and the name.
   std::mutex split_mu_;
-  const c10d::Store* split_store_ = nullptr;
+  c10::intrusive_ptr<c10d::Store> split_store_;
   std::string split_name_;
   c10::weak_intrusive_ptr<c10d::Backend> split_child_{c10::intrusive_ptr<c10d::Backend>()};
   std::atomic<uint64_t> issued_{0};  // collectives issued (getSequenceNumberForGroup)

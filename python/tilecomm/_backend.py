@@ -194,7 +194,7 @@ def create(opts, pg_options=None):
             notes = selector.size_class_notes(coll, world, table, loaded["profile"], topo.layout, topo.domains)
             engine.set_notes(algorithms.COLLECTIVES.index(coll), notes)
     engine.start()
-    pg = _C.ProcessGroupTilecomm(engine, timeout_ms)
+    pg = _C.ProcessGroupTilecomm(engine, timeout_ms, store)
     if _C.HAS_CUDA:  # CUDA tensors; devices and peer-transport handles go through the Store on first use
         # GPUs reach each other's memory only inside a shared-memory domain (one host):
         # a group with TCP links stages every CUDA operation through pinned host memory.
@@ -237,8 +237,8 @@ class Options(_c10d.Backend.Options):
 
 def split(store, rank, world, timeout_ms, group_name):
     """The backend of a group split from a tilecomm group (Note [Splitting] in
-    csrc/backend/process_group.hpp): `rank` of `world` ranks, set up through `store` (c10d's, one per
-    child group) exactly as create() sets up a new group."""
+    csrc/backend/process_group.hpp): `rank` of `world` ranks, set up through `store` (the parent's
+    set-up Store under a prefix naming the child's ranks) exactly as create() sets up a new group."""
     opts = SimpleNamespace(store=store, group_rank=rank, group_size=world, group_id=group_name,
                            timeout=timedelta(milliseconds=timeout_ms))
     return create(opts)

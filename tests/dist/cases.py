@@ -1584,6 +1584,11 @@ def split_groups(rank, world, gloo):
     odds = [r for r in range(1, world, 2) if r != world - 1]
     splits = [s for s in (evens, odds, [world - 1] if world > 1 and (world - 1) % 2 else []) if s]
     mine = next(s for s in splits if rank in s)
+    # children set up through the parent's set-up Store, under their ranks (Note [Splitting])
+    made = backend.setup_store
+    key = f"tilecomm-split[{','.join(map(str, mine))}]/tilecomm/creations"
+    base = made.add(key, 0)
+    dist.barrier(group=gloo)  # every rank has counted before any makes a child
     # every child of one split has the same name, as some torch versions' dist.split_group names them
     child = parent.split_group(mine, timeout=timedelta(seconds=90), opts=opts, group_name="split")
     assert child.rank() == mine.index(rank) and child.size() == len(mine), (child.rank(), child.size())
@@ -1597,9 +1602,17 @@ def split_groups(rank, world, gloo):
     out = [torch.empty(3) for _ in mine]
     child.allgather([out], [torch.full((3,), float(rank))]).wait()
     assert [o[0].item() for o in out] == [float(r) for r in mine], out
-    # set up once per rank, through the Store c10d made for the child, under the child's ranks
-    scoped = f"tilecomm-split[{','.join(map(str, mine))}]/"
-    assert child.get_group_store().add(scoped + "tilecomm/creations", 0) == len(mine)
+    assert made.add(key, 0) - base == len(mine)  # set up once per rank
+    dist.barrier(group=gloo)  # every rank has counted before any makes the second child
+    # a second child of the same ranks, whose members are given different names: torch's
+    # dist.split_group hashes the ranks with the count of groups each process registered, which
+    # differs once a new_group has registered on some ranks only
+    again = parent.split_group(mine, timeout=timedelta(seconds=90), opts=copy.deepcopy(opts),
+                               group_name=f"again-{rank}")
+    t = torch.full((1031,), float(rank + 1))
+    again.allreduce([t]).wait()
+    assert t.eq(sum(r + 1 for r in mine)).all(), (mine, t[:4])
+    assert made.add(key, 0) - base == 2 * len(mine)
     # a rank outside the split it names gets no group (and the others do not wait for it)
     if world > 1:
         other = next(s for s in splits if rank not in s) if len(splits) > 1 else None

@@ -1171,13 +1171,19 @@ def spawn_bound_device(rank, world, port):
     first = dist.new_group([0, 1] if world > 1 else [0])  # the others are asked to join a split
     ok["new_group"] = summed(first, [0, 1] if world > 1 else [0]) if rank < 2 else first is dist.GroupMember.NON_GROUP_MEMBER
     evens = list(range(0, world, 2))
+    # Note [Splitting]: children set up through the parent's set-up Store, under their ranks
+    made = dist.group.WORLD._get_backend(torch.device("cuda")).setup_store
+    key = f"tilecomm-split[{','.join(map(str, evens))}]/tilecomm/creations"
+    before = made.add(key, 0)
+    dist.barrier()  # every rank has read the count before any sets the child up
+    # new_group registered its group on ranks 0 and 1 only: from 4 ranks on, torch names this child
+    # differently on rank 0 and rank 2, and the DeviceMesh made a child of the same ranks before
     child = dist.split_group(split_ranks=[evens])
     ok["split_group"] = summed(child, evens) if rank % 2 == 0 else child is None
     if child is not None:
         ok["split_backend"] = dist.get_backend(child) == "tilecomm"
         # c10d asks for the child once per device type (CPU and CUDA): it is set up once
-        scoped = f"tilecomm-split[{','.join(map(str, evens))}]/"
-        ok["split_once"] = child.get_group_store().add(scoped + "tilecomm/creations", 0) == len(evens)
+        ok["split_once"] = made.add(key, 0) - before == len(evens)
     torch.cuda.synchronize()
     dist.destroy_process_group()
     return ok

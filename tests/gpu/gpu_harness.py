@@ -118,6 +118,27 @@ def _thread_states(pid: int) -> str:
     return "threads (tid name state wchan):\n" + "\n".join(lines) + "\n"
 
 
+def _where(procs, replies) -> None:
+    """Appends the Python stacks (and thread states) of the workers that did not answer to their replies."""
+    silent = [r for r, m in enumerate(replies) if m[0] == "timeout" and procs[r].is_alive()]
+    if not silent:
+        return
+    for r in silent:
+        try:
+            os.kill(procs[r].pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
+    time.sleep(1.0)
+    for r in silent:
+        try:
+            with open(_stack_file(procs[r].pid)) as f:
+                stacks = f.read()
+        except OSError as e:
+            stacks = f"(no stacks: {e})"
+        stacks += _thread_states(procs[r].pid)
+        replies[r] = (replies[r][0], f"{replies[r][1]}; its threads:\n{stacks[-4000:]}")
+
+
 def _worker(rank, world, port, env, conn):
     faulthandler.enable()  # a crash in a worker shows where it happened
     # a worker that does not answer in time is asked where it is (Pool._expect)
@@ -204,7 +225,7 @@ class Pool:
         bad = [r for r, m in enumerate(replies) if m[0] != kind]
         if bad:
             try:
-                self._where(replies)
+                _where(self.procs, replies)
             except Exception as e:  # the failure is reported either way
                 replies[bad[0]] = (replies[bad[0]][0], f"{replies[bad[0]][1]} (no stacks: {e})")
             self.kill()
@@ -233,26 +254,6 @@ class Pool:
                     pass
             _collect(self.conns, self.procs, 60.0)
         self.kill()
-
-    def _where(self, replies) -> None:
-        """Appends the Python stacks of the workers that did not answer to their replies."""
-        silent = [r for r, m in enumerate(replies) if m[0] == "timeout" and self.procs[r].is_alive()]
-        if not silent:
-            return
-        for r in silent:
-            try:
-                os.kill(self.procs[r].pid, signal.SIGUSR1)
-            except ProcessLookupError:
-                pass
-        time.sleep(1.0)
-        for r in silent:
-            try:
-                with open(_stack_file(self.procs[r].pid)) as f:
-                    stacks = f.read()
-            except OSError as e:
-                stacks = f"(no stacks: {e})"
-            stacks += _thread_states(self.procs[r].pid)
-            replies[r] = (replies[r][0], f"{replies[r][1]}; its threads:\n{stacks[-4000:]}")
 
     def kill(self) -> None:
         self.broken = True
@@ -295,6 +296,8 @@ class Pools:
 
 def _spawn_main(rank, world, port, env, conn, case, kwargs):
     faulthandler.enable()
+    stacks = open(_stack_file(os.getpid()), "w")  # where it is, if it does not answer (spawn_ranks)
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     if HERE not in sys.path:
         sys.path.insert(0, HERE)
     _apply_env(env)
@@ -328,6 +331,10 @@ def spawn_ranks(world: int, case: str, env: dict | None = None, timeout: float =
         conns.append(parent)
         procs.append(p)
     replies = _collect(conns, procs, timeout)
+    try:
+        _where(procs, replies)
+    except Exception as e:  # the failure is reported either way
+        replies = [(m[0], f"{m[1]} (no stacks: {e})") if m[0] == "timeout" else m for m in replies]
     for c in conns:
         c.close()  # lets the ranks that replied exit
     for p in procs:
@@ -335,4 +342,8 @@ def spawn_ranks(world: int, case: str, env: dict | None = None, timeout: float =
         if p.is_alive():
             p.kill()
         p.join(10)
+        try:
+            os.unlink(_stack_file(p.pid))
+        except OSError:
+            pass
     return replies
