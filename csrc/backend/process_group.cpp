@@ -328,7 +328,7 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupTilecomm::split(const c10::intrusi
   TORCH_CHECK(splitHook(), "tilecomm: split: the Python side of tilecomm is not loaded");
   const std::string name = opts ? opts->group_name : std::string();
   std::lock_guard<std::mutex> lk(split_mu_);
-  if (split_store_ == store && split_name_ == name) {
+  if (split_store_ == store) {
     if (auto child = split_child_.lock()) return child;  // the same child, for another device type
   }
   const int64_t timeout = opts ? static_cast<int64_t>(opts->timeout.count()) : timeout_ms_;
@@ -338,7 +338,6 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupTilecomm::split(const c10::intrusi
   auto child = splitHook()(scoped, static_cast<int>(me - sorted.begin()), static_cast<int>(sorted.size()), timeout,
                            name);
   split_store_ = store;
-  split_name_ = name;
   split_child_ = child;
   return child;
 }

@@ -233,11 +233,10 @@ class ProcessGroupTilecomm : public c10d::Backend {
   int64_t timeout_ms_;
   std::shared_ptr<CudaGroup> cuda_;  // null: CPU tensors only
   c10::intrusive_ptr<c10d::Store> store_;  // the set-up Store (Note [Splitting])
-  // Note [Splitting]: the last child made, and the Store c10d handed over for it (held, so that no
-  // later Store can take its address) and the name.
+  // Note [Splitting]: the last child made, and the Store c10d handed over for it, which is new for each
+  // split (held, so that no later Store can take its address).
   std::mutex split_mu_;
   c10::intrusive_ptr<c10d::Store> split_store_;
-  std::string split_name_;
   c10::weak_intrusive_ptr<c10d::Backend> split_child_{c10::intrusive_ptr<c10d::Backend>()};
   std::atomic<uint64_t> issued_{0};  // collectives issued (getSequenceNumberForGroup)
 };

@@ -118,6 +118,20 @@ def _thread_states(pid: int) -> str:
     return "threads (tid name state wchan):\n" + "\n".join(lines) + "\n"
 
 
+def _answer_where() -> None:
+    """Makes this worker write its Python stacks to its stack file when asked (SIGUSR1, _where)."""
+    global _STACKS
+    _STACKS = open(_stack_file(os.getpid()), "w")  # open for as long as the handler may write
+    faulthandler.register(signal.SIGUSR1, file=_STACKS, all_threads=True)
+
+
+def _remove_stacks(pid: int) -> None:
+    try:
+        os.unlink(_stack_file(pid))
+    except OSError:
+        pass
+
+
 def _where(procs, replies) -> None:
     """Appends the Python stacks (and thread states) of the workers that did not answer to their replies."""
     silent = [r for r, m in enumerate(replies) if m[0] == "timeout" and procs[r].is_alive()]
@@ -141,9 +155,7 @@ def _where(procs, replies) -> None:
 
 def _worker(rank, world, port, env, conn):
     faulthandler.enable()  # a crash in a worker shows where it happened
-    # a worker that does not answer in time is asked where it is (Pool._expect)
-    stacks = open(_stack_file(os.getpid()), "w")
-    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+    _answer_where()  # a worker that does not answer in time is asked where it is (Pool._expect)
     if HERE not in sys.path:
         sys.path.insert(0, HERE)
     try:
@@ -261,10 +273,7 @@ class Pool:
             if p.is_alive():
                 p.kill()
             p.join(10)
-            try:
-                os.unlink(_stack_file(p.pid))
-            except OSError:
-                pass
+            _remove_stacks(p.pid)
 
 
 class Pools:
@@ -296,8 +305,7 @@ class Pools:
 
 def _spawn_main(rank, world, port, env, conn, case, kwargs):
     faulthandler.enable()
-    stacks = open(_stack_file(os.getpid()), "w")  # where it is, if it does not answer (spawn_ranks)
-    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+    _answer_where()  # where it is, if it does not answer (spawn_ranks)
     if HERE not in sys.path:
         sys.path.insert(0, HERE)
     _apply_env(env)
@@ -342,8 +350,5 @@ def spawn_ranks(world: int, case: str, env: dict | None = None, timeout: float =
         if p.is_alive():
             p.kill()
         p.join(10)
-        try:
-            os.unlink(_stack_file(p.pid))
-        except OSError:
-            pass
+        _remove_stacks(p.pid)
     return replies
