@@ -34,7 +34,7 @@ __device__ __forceinline__ Walk partWalk(const BlockArgs& a, int j, const Walk& 
 }  // namespace
 
 template <typename T, RedOp kOp>
-__global__ void __launch_bounds__(kThreads, 2) allreduceNvshmemTwoShotKernel(BlockArgs a) {
+__global__ void __launch_bounds__(kThreads) allreduceNvshmemTwoShotKernel(BlockArgs a) {
   const Call c = beginCall(a);
   const Walk w = walkOf(0, a.stride / 16);  // the same vectors of every part (Note [Grid walk])
   const bool staged = a.source == kStagedSource;

@@ -645,20 +645,30 @@ __device__ __forceinline__ void reduceRanks(const DirectArgs& a, uint64_t seq, u
 }
 
 /// Vectors v0 + u * stride (u < kUnroll, those below hi) of src[0..world-1] (each nbytes long,
-/// any alignment) reduced in rank order 0..p-1, as reduceRanks does.
+/// any alignment) reduced in rank order 0..p-1, as reduceRanks does. Note [Paired loads]: two
+/// ranks' loads fly together (2 x kUnroll vectors a thread), so a step waits on memory world / 2
+/// times, not world times: at world 2 once. The two buffers take 32 registers more than one, so
+/// the kernels that call this launch at most one block per SM of the budget (Note [Block budget])
+/// and may take up to 128 registers a thread; under two blocks' 64 they spilled.
 template <typename T, RedOp kOp>
 __device__ __forceinline__ void reduceFrom(const char* const* src, int world, uint64_t nbytes, uint64_t v0,
                                            uint64_t stride, uint64_t hi, uint4 (&out)[kUnroll]) {
   Vec<T> acc[kUnroll];
-  for (int q = 0; q < world; ++q) {
-    const char* const from = src[q];  // once per rank, in a register
-    uint4 x[kUnroll];
+  for (int q = 0; q < world; q += 2) {
+    const char* const first = src[q];  // once per rank, in a register
+    const char* const second = q + 1 < world ? src[q + 1] : nullptr;
+    uint4 x[kUnroll], y[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) x[u] = v0 + u * stride < hi ? loadFrom(from, v0 + u * stride, nbytes) : uint4{};
+    for (int u = 0; u < kUnroll; ++u) {
+      const bool in = v0 + u * stride < hi;
+      x[u] = in ? loadFrom(first, v0 + u * stride, nbytes) : uint4{};
+      y[u] = in && second ? loadFrom(second, v0 + u * stride, nbytes) : uint4{};
+    }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       if (q == 0) acc[u].set(x[u]);
       else acc[u].template combine<kOp>(x[u]);
+      if (second) acc[u].template combine<kOp>(y[u]);
     }
   }
 #pragma unroll

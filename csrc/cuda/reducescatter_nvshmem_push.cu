@@ -10,7 +10,7 @@
 namespace tilecomm::cuda {
 
 template <typename T, RedOp kOp>
-__global__ void __launch_bounds__(kThreads, 2) reducescatterPushKernel(BlockArgs a) {
+__global__ void __launch_bounds__(kThreads) reducescatterPushKernel(BlockArgs a) {
   const Call c = beginCall(a);
   const uint64_t nvec = (a.nbytes + 15) / 16;
   const Walk w = walkOf(0, nvec);  // Note [Grid walk]
