@@ -32,8 +32,8 @@ GPUs: ``--device cuda`` measures this machine's GPU paths itself, with its own r
 per rank where there are enough, else ranks sharing GPUs, which wants the MPS daemon): for each
 world size, the direct all_reduce and all_gather kernels forced in turn (``tilecomm.gpu_points``)
 and every scheduled algorithm of the GPU's schedule executor forced in turn (``tilecomm.bench
---device cuda --graph``), each over GPU memory (cuda_ipc) and shared host memory (host_mapped),
-all timed by CUDA-graph replay. It fits the ``cuda`` and ``cuda_executor`` sections as below,
+--device cuda --graph``, the fastest of ``--repeats`` replays), each over GPU memory (cuda_ipc) and
+shared host memory (host_mapped), all timed by CUDA-graph replay. It fits the ``cuda`` and ``cuda_executor`` sections as below,
 prints both reports and writes them, with the records (``cuda_points``), into a copy of the
 current profile. It starts its ranks itself (not under torchrun). Fitting earlier records
 instead: ``--cuda-from LATENCY.jsonl`` fits the CUDA kernels' constants (``tilecomm.cuda_model``)
@@ -419,7 +419,7 @@ def _executor_points(world, args, path):
     (each row names the memory its group used)."""
     common = ["--np", str(world), "-b", str(args.minbytes), "-e", str(args.maxbytes), "-f", str(args.stepfactor),
               "-n", str(args.iters), "-w", str(args.warmup), "-c", "1", "--device", "cuda", "--backend", "tilecomm",
-              "--graph", "--jsonl", path]
+              "--graph", "--replays", str(args.repeats), "--jsonl", path]
     for transport in ("auto", "host_mapped"):  # auto: cuda_ipc where the GPUs reach each other's memory
         for env, collectives, algos in _EXECUTOR_RUNS:
             with settings.overriding({**env, "TILECOMM_TRANSPORT": transport}):

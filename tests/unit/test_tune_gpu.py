@@ -132,6 +132,7 @@ def test_tune_gpu_measures_and_fits_both_sections(fake_gpu, monkeypatch, tmp_pat
     assert [(w, t) for w, t, _, _ in runs] == [(w, t) for w in (2, 4) for t in ("auto", "host_mapped") for _ in "ab"]
     for (a, env), (_, _, coll, allreduce) in zip(fake_gpu.bench_calls, runs):
         assert a.device == "cuda" and a.graph and a.check == 1 and a.iters == 7 and a.warmup == 3
+        assert a.replays == 2  # the fastest of --repeats replays of each graph
         assert a.backend == "tilecomm" and (a.minbytes, a.maxbytes, a.stepfactor) == (8, 1 << 20, 8)
         assert env["TILECOMM_NVSHMEM"] == "off" and "TILECOMM_ALGO" not in env and "TILECOMM_CUDA_IPC_BYTES" not in env
         if coll == "all_reduce":
@@ -260,3 +261,10 @@ def test_nvshmem_regret_scores_the_thresholds_choice():
     got = tune.nvshmem_regret(recs, consts)
     assert got == {(4, "all_gather"): [(8, 1.0), (4096, 1.0), (65536, 40.0 / 30.0)],
                    (2, "reduce_scatter"): [(64, 1.5)]}
+
+
+@pytest.mark.parametrize("argv", [["--replays", "2"], ["--replays", "0", "--device", "cuda", "--graph"]])
+def test_bench_refuses_replays_it_cannot_make(argv, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--np", "1", *argv])
+    assert "--replays takes a positive count, and more than one needs --graph" in capsys.readouterr().err
