@@ -1171,7 +1171,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::alltoall(std::vector<at::Te
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::barrier(const c10d::BarrierOptions& opts) {
   int64_t timeout = timeoutOf(opts.timeout, timeout_ms_);
-  return launch(c10d::OpType::BARRIER, true, {}, {}, {}, [=](const Host&) {
+  return launch(c10d::OpType::BARRIER, opts.asyncOp, {}, {}, {}, [=](const Host&) {
     engine_->run(exec::CollCall{Coll::kBarrier, engine_->pick(Coll::kBarrier, 0), nullptr, 0, DType::kBytes,
                                 RedOp::kNone, -1, 0, timeout});
   });
