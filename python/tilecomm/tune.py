@@ -32,10 +32,11 @@ GPUs: ``--device cuda`` measures this machine's GPU paths itself, with its own r
 per rank where there are enough, else ranks sharing GPUs, which wants the MPS daemon): for each
 world size, the direct all_reduce and all_gather kernels forced in turn (``tilecomm.gpu_points``)
 and every scheduled algorithm of the GPU's schedule executor forced in turn (``tilecomm.bench
---device cuda --graph``, the fastest of ``--repeats`` replays), each over GPU memory (cuda_ipc) and
-shared host memory (host_mapped), all timed by CUDA-graph replay. It fits the ``cuda`` and ``cuda_executor`` sections as below,
-prints both reports and writes them, with the records (``cuda_points``), into a copy of the
-current profile. It starts its ranks itself (not under torchrun). Fitting earlier records
+--device cuda --graph``, the fastest of ``--repeats`` replays), each over GPU memory (cuda_ipc)
+and shared host memory (host_mapped), all timed by CUDA-graph replay. It fits the ``cuda`` and
+``cuda_executor`` sections as below, prints both reports and writes them, with the records
+(``cuda_points``), into a copy of the current profile. It starts its ranks itself (not under
+torchrun). Fitting earlier records
 instead: ``--cuda-from LATENCY.jsonl`` fits the CUDA kernels' constants (``tilecomm.cuda_model``)
 to the CUDA-graph times that ``benchmarks/gpu_latency.py`` measured (``scripts/gpu-latency``),
 writes them into the ``cuda`` section of the profile (TILECOMM_PROFILE's, else the shipped
