@@ -6,6 +6,10 @@
 (torch.ops.tilecomm, Note [Operators]) instead of torch.distributed's functions
 (all_reduce and all_gather only).
 
+--cores places the ranks: `any` leaves it to the scheduler; `spread` pins rank r to
+the r-th core (mod cores); `one` pins every rank to the first, which is how two ranks behave
+while the scheduler keeps them stacked on one core.
+
 Spawns the ranks itself. For each world size and backend: warm-up calls, a
 barrier, then `-n` back-to-back calls of one collective on a float32 buffer;
 prints the mean time per call (the slowest rank's), the CPU time and the
@@ -26,7 +30,10 @@ import tilecomm  # noqa: F401  (registers the backend)
 from tilecomm import launch
 
 
-def _rank(rank, world, backend, coll, nbytes, iters, out):
+def _rank(rank, world, backend, coll, nbytes, iters, cores, out):
+    if cores != "any":
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[0] if cores == "one" else cpus[rank % len(cpus)]})
     use_op = backend == "tilecomm-op"
     dist.init_process_group("tilecomm" if use_op else backend, rank=rank, world_size=world)
     name = dist.group.WORLD.group_name
@@ -88,8 +95,9 @@ def main():
     ap.add_argument("--collective", default="all_reduce", choices=["all_reduce", "all_gather", "broadcast", "barrier"])
     ap.add_argument("-n", type=int, default=2000, help="timed calls (Gloo gets a tenth, at least 100)")
     ap.add_argument("--backends", default="tilecomm,gloo")
+    ap.add_argument("--cores", default="any", choices=["any", "spread", "one"], help="where the ranks run")
     args = ap.parse_args()
-    print(f"# {args.collective}, {args.bytes} B float32, {os.cpu_count()} cores")
+    print(f"# {args.collective}, {args.bytes} B float32, {os.cpu_count()} cores, ranks on cores: {args.cores}")
     print(f"{'world':>5} {'backend':>11} {'us/call':>10} {'cpu us/call':>12} {'switches/call':>14} {'ratio':>7} "
           f"{'ok':>4}")
     for world in [int(w) for w in args.worlds.split(",")]:
@@ -98,7 +106,7 @@ def main():
             if b == "tilecomm-op" and args.collective not in ("all_reduce", "all_gather"):
                 continue
             iters = args.n if b.startswith("tilecomm") else max(args.n // 10, 100)
-            report = launch.run_read(_rank, world, b, args.collective, args.bytes, iters)
+            report = launch.run_read(_rank, world, b, args.collective, args.bytes, iters, args.cores)
             dt, sw, cpu, bad = (float(v) for v in report.split())
             rows.append((b, dt, sw, cpu, bad == 0))
         if not rows:

@@ -194,20 +194,20 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<exec::Engine, std::shared_ptr<exec::Engine>>(m, "Engine")
       .def(py::init([](int rank, int world, uint32_t slots, uint32_t slot_bytes, uint32_t tcp_slots,
-                       uint32_t tcp_frame_bytes, int spins, int yields, int64_t sleep_us, int64_t timeout_ms) {
+                       uint32_t tcp_frame_bytes, int64_t spin_ns, int yields, int64_t sleep_us, int64_t timeout_ms) {
              exec::EngineConfig cfg;
              cfg.shm.slots = slots;
              cfg.shm.slot_bytes = slot_bytes;
              cfg.tcp.slots = tcp_slots;
              cfg.tcp.frame_bytes = tcp_frame_bytes;
-             cfg.wait.spins = spins;
+             cfg.wait.spin_ns = spin_ns;
              cfg.wait.yields = yields;
              cfg.wait.sleep_us = sleep_us;
              cfg.timeout_ms = timeout_ms;
              return translate([&] { return std::make_shared<exec::Engine>(rank, world, cfg); });
            }),
            py::arg("rank"), py::arg("world"), py::arg("slots"), py::arg("slot_bytes"), py::arg("tcp_slots"),
-           py::arg("tcp_frame_bytes"), py::arg("spins"), py::arg("yields"), py::arg("sleep_us"), py::arg("timeout_ms"))
+           py::arg("tcp_frame_bytes"), py::arg("spin_ns"), py::arg("yields"), py::arg("sleep_us"), py::arg("timeout_ms"))
       .def("segment_name", [](exec::Engine& e) { return e.transport().shm().segmentName(); })
       .def("listen", [](exec::Engine& e, const std::string& address) {
         return translate([&] { return e.transport().listen(address); });

@@ -36,7 +36,7 @@ struct Step {
 };
 
 struct WaitConfig {
-  int spins = 64;        // busy polls before yielding
+  int64_t spin_ns = 2000;  // busy polling before yielding (Note [Spin by time])
   int yields = 16;       // sched_yield calls before sleeping on the futex
   int64_t sleep_us = 20000;  // longest single sleep; liveness is checked between sleeps
 };
@@ -127,7 +127,7 @@ class Executor {
 template <typename Pass>
 void Executor::drive(Pass&& pass, const CollDesc* desc, const char* what, Clock::time_point deadline,
                      int64_t timeout_ms) {
-  kernels::Backoff backoff(wc_.spins, wc_.yields);
+  kernels::Backoff backoff(wc_.spin_ns, wc_.yields);
   std::vector<int> waiting;
   for (;;) {
     waiting.clear();

@@ -62,10 +62,10 @@ def _until_read(store, key, world, seconds=10.0):
         time.sleep(0.01)
 
 
-def _spins(cfg, world):
-    if cfg["TILECOMM_SPINS"] >= 0:
-        return cfg["TILECOMM_SPINS"]
-    return 64 if world <= (os.cpu_count() or 1) else 0
+def _spin_ns(cfg, world):
+    if cfg["TILECOMM_SPIN_NS"] >= 0:
+        return cfg["TILECOMM_SPIN_NS"]
+    return 2000 if world <= len(os.sched_getaffinity(0)) else 0
 
 
 def create(opts, pg_options=None):
@@ -133,7 +133,7 @@ def create(opts, pg_options=None):
         slot_bytes=cfg["TILECOMM_SHM_SLOT_BYTES"],
         tcp_slots=cfg["TILECOMM_TCP_SLOTS"],
         tcp_frame_bytes=cfg["TILECOMM_TCP_FRAME_BYTES"],
-        spins=_spins(cfg, world),
+        spin_ns=_spin_ns(cfg, world),
         yields=cfg["TILECOMM_YIELDS"],
         sleep_us=cfg["TILECOMM_SLEEP_US"],
         timeout_ms=timeout_ms,

@@ -97,10 +97,11 @@ SETTINGS = [
         "Payload bytes per slot (a multiple of 64); messages are pipelined in slices of this size.",
     ),
     Setting(
-        "TILECOMM_SPINS",
+        "TILECOMM_SPIN_NS",
         int,
         -1,
-        "Busy polls before a waiting rank yields its core. -1: 64 when the host has a core per rank, else 0.",
+        "Nanoseconds a waiting rank polls before it yields its core. -1: 2000 when the host has a core per "
+        "rank, else 0.",
     ),
     Setting("TILECOMM_YIELDS", int, 256, "sched_yield calls before a waiting rank sleeps on a futex."),
     Setting(

@@ -15,7 +15,7 @@ def test_defaults():
     assert got["TILECOMM_ALGO"] == ""
     assert got["TILECOMM_SHM_SLOTS"] == 4
     assert got["TILECOMM_SHM_SLOT_BYTES"] == 65536
-    assert got["TILECOMM_SPINS"] == -1
+    assert got["TILECOMM_SPIN_NS"] == -1
 
 
 def test_every_setting_is_named_tilecomm_and_typed():
@@ -28,10 +28,10 @@ def test_every_setting_is_named_tilecomm_and_typed():
 
 
 def test_parsing():
-    env = {"TILECOMM_SHM_SLOTS": "8", "TILECOMM_SPINS": "-1", "TILECOMM_ALGO": "ring", "TILECOMM_SLEEP_US": " 100 "}
+    env = {"TILECOMM_SHM_SLOTS": "8", "TILECOMM_SPIN_NS": "-1", "TILECOMM_ALGO": "ring", "TILECOMM_SLEEP_US": " 100 "}
     got = settings.resolve(env)
     assert got["TILECOMM_SHM_SLOTS"] == 8 and isinstance(got["TILECOMM_SHM_SLOTS"], int)
-    assert got["TILECOMM_SPINS"] == -1
+    assert got["TILECOMM_SPIN_NS"] == -1
     assert got["TILECOMM_ALGO"] == "ring"
     assert got["TILECOMM_SLEEP_US"] == 100
     assert got["TILECOMM_YIELDS"] == 256  # untouched settings keep their defaults

@@ -21,7 +21,7 @@ TOKEN = bytes(range(32))
 
 
 def _engine(rank):
-    return _C.Engine(rank, 2, slots=2, slot_bytes=SLOT_BYTES, tcp_slots=4, tcp_frame_bytes=SLOT_BYTES, spins=0,
+    return _C.Engine(rank, 2, slots=2, slot_bytes=SLOT_BYTES, tcp_slots=4, tcp_frame_bytes=SLOT_BYTES, spin_ns=0,
                      yields=4, sleep_us=1000, timeout_ms=5000)
 
 
