@@ -522,6 +522,14 @@ def cuda_report(consts, records) -> str:
                 continue
             two = "never" if t["two_shot_bytes"] == cuda_model.NEVER else t["two_shot_bytes"]
             lines.append(f"| {p} | {m} | {t['ll_bytes']} | {two} |")
+    chosen = threshold_regret(records, consts)
+    if chosen:
+        lines += ["", "| world | memory | all_reduce points | thresholds' regret mean | worst (bytes) |",
+                  "|---|---|---|---|---|"]
+        for (m, p), rs in sorted(chosen.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+            worst = max(rs, key=lambda x: x[1])
+            lines.append(f"| {p} | {m} | {len(rs)} | {statistics.mean(r for _, r in rs):.3f} | "
+                         f"{worst[1]:.3f} ({worst[0]}) |")
     nvshmem = nvshmem_regret(records, consts)
     if nvshmem:
         lines += ["", "| world | collective | pull from (B) | points | regret mean | regret worst (bytes) |",
@@ -555,6 +563,24 @@ def cuda_regret(records) -> dict:
             forced = [v for v in forced if isinstance(v, (int, float)) and v > 0]
             if forced:
                 out.setdefault((int(r["world"]), key), []).append((int(r["bytes"]), r[f"{key}:graph"] / min(forced)))
+    return out
+
+
+def threshold_regret(records, consts) -> dict:
+    """{(memory, world): [(bytes, CUDA-graph time of the all_reduce kernel that the constants' thresholds
+    pick / the fastest of ll, one_shot and two_shot)]} over records where all three were measured."""
+    out = {}
+    for r in records:
+        p, n = int(r["world"]), int(r["bytes"])
+        for m, t in cuda_model.thresholds({"cuda": consts}, p).items():
+            prefix = {"cuda_ipc": "", "host_mapped": "hm_"}.get(m)
+            if prefix is None:  # no all_reduce kernel runs over it
+                continue
+            times = {k: r.get(f"all_reduce:{prefix}{k}:graph") for k in ("ll", "one_shot", "two_shot")}
+            if not all(isinstance(v, (int, float)) and v > 0 for v in times.values()):
+                continue
+            chosen = "ll" if n <= t["ll_bytes"] else "two_shot" if n >= t["two_shot_bytes"] else "one_shot"
+            out.setdefault((m, p), []).append((n, times[chosen] / min(times.values())))
     return out
 
 

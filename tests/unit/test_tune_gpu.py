@@ -263,6 +263,23 @@ def test_nvshmem_regret_scores_the_thresholds_choice():
                    (2, "reduce_scatter"): [(64, 1.5)]}
 
 
+def test_threshold_regret_scores_the_thresholds_choice():
+    consts = cuda_model.constants({"cuda": KERNEL_KNOWN})
+    t = cuda_model.thresholds({"cuda": consts}, 2)["cuda_ipc"]
+    assert 0 < t["ll_bytes"] < 1 << 20
+
+    def rec(n, ll, one, two, **extra):
+        return {"world": 2, "bytes": n, "all_reduce:ll:graph": ll, "all_reduce:one_shot:graph": one,
+                "all_reduce:two_shot:graph": two, **extra}
+
+    recs = [rec(8, 4.0, 5.0, 8.0),  # LL picked, and fastest
+            rec(8, 6.0, 3.0, 8.0),  # LL picked, one_shot faster
+            rec(1 << 20, 9.0, 6.0, "failed"),  # skipped: a kernel was not measured
+            rec(t["ll_bytes"] * 2, 4.0, 8.0, 9.0)]  # past the LL limit: the simple kernel, twice LL's time
+    got = tune.threshold_regret(recs, consts)
+    assert got == {("cuda_ipc", 2): [(8, 1.0), (8, 2.0), (t["ll_bytes"] * 2, 2.0)]}
+
+
 @pytest.mark.parametrize("argv", [["--replays", "2"], ["--replays", "0", "--device", "cuda", "--graph"]])
 def test_bench_refuses_replays_it_cannot_make(argv, capsys):
     with pytest.raises(SystemExit):
