@@ -818,7 +818,8 @@ def validate(args, worlds):
         print(validation_markdown(rows, desc))
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"profile": abspath or "shipped default", "rows": rows, "measured": results}, f, indent=1)
+                # the profile as the user named it: a report is shared, the machine's paths stay out of it
+                json.dump({"profile": path or "shipped default", "rows": rows, "measured": results}, f, indent=1)
         return 0
     # the times of earlier reports, scored again with this profile: nothing runs
     runs, totals = [], []

@@ -69,7 +69,9 @@ def test_validate_reports_every_collective(profile_path, tmp_path):
     r = _run(["-m", "tilecomm.tune", "--validate", str(profile_path), *GRID, "--json", str(report)])
     assert r.returncode == 0, r.stderr
     assert "| broadcast | 2 | 4 | " in r.stdout and "| barrier | 2 | 1 | 1 |" in r.stdout
-    rows = json.loads(report.read_text())["rows"]
+    written = json.loads(report.read_text())
+    assert written["profile"] == str(profile_path)  # as given on the command line
+    rows = written["rows"]
     assert [(row["collective"], row["world"]) for row in rows] == [("broadcast", 2), ("barrier", 2)]
     for row in rows:
         assert row["regret_worst"] >= row["regret_median"] > 0
