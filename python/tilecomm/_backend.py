@@ -62,6 +62,20 @@ def _until_read(store, key, world, seconds=10.0):
         time.sleep(0.01)
 
 
+_warned_unknown = False
+
+
+def _warn_unknown_settings():
+    """Once per process: TILECOMM_* variables that are no setting, which are ignored (docs/env.md)."""
+    global _warned_unknown
+    if _warned_unknown:
+        return
+    _warned_unknown = True
+    for name, near in settings.unknown():
+        hint = f"; did you mean {near}?" if near else ""
+        log.warning("tilecomm: %s is not a tilecomm setting and is ignored%s (the settings: docs/env.md)", name, hint)
+
+
 def _spin_ns(cfg, world):
     if cfg["TILECOMM_SPIN_NS"] >= 0:
         return cfg["TILECOMM_SPIN_NS"]
@@ -87,6 +101,7 @@ def create(opts, pg_options=None):
 
     def make_config():
         cfg = settings.resolve()
+        _warn_unknown_settings()
         hosts = [json.loads(store.get(pre + f"host/{r}").decode()) for r in range(world)]
         labels = [label for label, _ in hosts]
         links = topology.links(hosts, cfg["TILECOMM_TRANSPORT"])

@@ -8,6 +8,7 @@ Within a group, rank 0's values are used by every rank.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import os
 from dataclasses import dataclass
 
@@ -268,6 +269,16 @@ def resolve(environ=None) -> dict:
     return {s.name: value(s.name, environ) for s in SETTINGS}
 
 
+def unknown(environ=None) -> list[tuple[str, str | None]]:
+    """TILECOMM_* variables set in ``environ`` that are no setting (a typo, or a setting renamed), each
+    with the setting whose name is closest, if one is close. TILECOMM_TEST_* are the test suite's."""
+    env = os.environ if environ is None else environ
+    names = sorted(k for k in env if k.startswith("TILECOMM_") and k not in _BY_NAME and not k.startswith("TILECOMM_TEST_"))
+    tails = {name[len("TILECOMM_"):]: name for name in _BY_NAME}  # the common prefix would make all look close
+    near = (difflib.get_close_matches(k[len("TILECOMM_"):], tails, n=1, cutoff=0.7) for k in names)
+    return [(k, tails[m[0]] if m else None) for k, m in zip(names, near)]
+
+
 def value(name: str, environ=None):
     """One setting, read by this process (for the per-process ones such as TILECOMM_HOSTNAME)."""
     s = _BY_NAME[name]
@@ -308,7 +319,8 @@ def markdown() -> str:
         "# Environment variables",
         "",
         "Generated from `python/tilecomm/settings.py` by `python -m tilecomm.settings`; do not edit by hand.",
-        "Within a process group every rank uses rank 0's values.",
+        "Within a process group every rank uses rank 0's values. Rank 0 warns, once per process, of a",
+        "`TILECOMM_*` variable that is none of these (a typo, or a setting since renamed), naming the closest.",
         "",
         "| variable | default | meaning |",
         "| --- | --- | --- |",

@@ -117,3 +117,13 @@ def test_groups_use_and_log_the_profile(profile_path, tmp_path):
         assert (
             f"rank {rank} failed: TILECOMM_PROFILE: profile '{tmp_path / 'missing.json'}': cannot read it" in r.stdout
         )
+
+
+def test_a_variable_that_is_no_setting_is_named_once(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    r = _run([str(script)], TILECOMM_SPINS="64")  # the name this setting had before TILECOMM_SPIN_NS
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stderr.splitlines() if "TILECOMM_SPINS is not a tilecomm setting" in line]
+    # rank 0 reads the settings every rank uses, and says so once
+    assert len(lines) == 1 and "did you mean TILECOMM_SPIN_NS?" in lines[0], r.stderr

@@ -41,6 +41,14 @@ def test_empty_means_default():
     assert settings.resolve({"TILECOMM_SHM_SLOTS": ""})["TILECOMM_SHM_SLOTS"] == 4
 
 
+def test_unknown_names_the_variables_that_are_no_setting():
+    env = {"TILECOMM_SPINS": "64", "TILECOMM_SHM_SLOT": "8", "TILECOMM_FOO": "1", "TILECOMM_ALGO": "ring",
+           "TILECOMM_TEST_GPU_WORLDS": "2", "PATH": "/bin"}
+    assert settings.unknown(env) == [("TILECOMM_FOO", None), ("TILECOMM_SHM_SLOT", "TILECOMM_SHM_SLOTS"),
+                                     ("TILECOMM_SPINS", "TILECOMM_SPIN_NS")]
+    assert settings.unknown({"TILECOMM_ALGO": "ring"}) == []
+
+
 def test_unrelated_variables_are_ignored():
     assert settings.resolve({"TILECOMM_NOT_A_SETTING": "x", "PATH": "/bin"}) == settings.resolve({})
 
