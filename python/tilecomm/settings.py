@@ -273,7 +273,8 @@ def unknown(environ=None) -> list[tuple[str, str | None]]:
     """TILECOMM_* variables set in ``environ`` that are no setting (a typo, or a setting renamed), each
     with the setting whose name is closest, if one is close. TILECOMM_TEST_* are the test suite's."""
     env = os.environ if environ is None else environ
-    names = sorted(k for k in env if k.startswith("TILECOMM_") and k not in _BY_NAME and not k.startswith("TILECOMM_TEST_"))
+    names = sorted(k for k in env if k.startswith("TILECOMM_") and k not in _BY_NAME
+                   and not k.startswith("TILECOMM_TEST_"))
     tails = {name[len("TILECOMM_"):]: name for name in _BY_NAME}  # the common prefix would make all look close
     near = (difflib.get_close_matches(k[len("TILECOMM_"):], tails, n=1, cutoff=0.7) for k in names)
     return [(k, tails[m[0]] if m else None) for k, m in zip(names, near)]
