@@ -568,16 +568,20 @@ def cuda_regret(records) -> dict:
 
 def threshold_regret(records, consts) -> dict:
     """{(memory, world): [(bytes, CUDA-graph time of the all_reduce kernel that the constants' thresholds
-    pick / the fastest of ll, one_shot and two_shot)]} over records where all three were measured."""
-    out = {}
+    pick / the fastest of ll, one_shot and two_shot)]} over records where all three were measured over
+    one memory (the one each record names for its entries, as ``cuda_model.samples`` reads it)."""
+    out, limits = {}, {}
     for r in records:
         p, n = int(r["world"]), int(r["bytes"])
-        for m, t in cuda_model.thresholds({"cuda": consts}, p).items():
-            prefix = {"cuda_ipc": "", "host_mapped": "hm_"}.get(m)
-            if prefix is None:  # no all_reduce kernel runs over it
+        for prefix in ("", "hm_"):
+            entries = {k: prefix + k for k in ("ll", "one_shot", "two_shot")}
+            memory = {r.get("memory", {}).get(e) for e in entries.values()}
+            times = {k: r.get(f"all_reduce:{e}:graph") for k, e in entries.items()}
+            if len(memory) != 1 or not all(isinstance(v, (int, float)) and v > 0 for v in times.values()):
                 continue
-            times = {k: r.get(f"all_reduce:{prefix}{k}:graph") for k in ("ll", "one_shot", "two_shot")}
-            if not all(isinstance(v, (int, float)) and v > 0 for v in times.values()):
+            m = memory.pop()
+            t = limits.setdefault(p, cuda_model.thresholds({"cuda": consts}, p)).get(m)
+            if t is None or m == "nvshmem":  # no all_reduce kernel of these runs over NVSHMEM
                 continue
             chosen = "ll" if n <= t["ll_bytes"] else "two_shot" if n >= t["two_shot_bytes"] else "one_shot"
             out.setdefault((m, p), []).append((n, times[chosen] / min(times.values())))

@@ -270,7 +270,7 @@ def test_threshold_regret_scores_the_thresholds_choice():
 
     def rec(n, ll, one, two):
         return {"world": 2, "bytes": n, "all_reduce:ll:graph": ll, "all_reduce:one_shot:graph": one,
-                "all_reduce:two_shot:graph": two}
+                "all_reduce:two_shot:graph": two, "memory": dict.fromkeys(("ll", "one_shot", "two_shot"), "cuda_ipc")}
 
     recs = [rec(8, 4.0, 5.0, 8.0),  # LL picked, and fastest
             rec(8, 6.0, 3.0, 8.0),  # LL picked, one_shot faster
