@@ -9,6 +9,7 @@ progress threads.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -62,15 +63,9 @@ def _until_read(store, key, world, seconds=10.0):
         time.sleep(0.01)
 
 
-_warned_unknown = False
-
-
+@functools.cache
 def _warn_unknown_settings():
     """Once per process: TILECOMM_* variables that are no setting, which are ignored (docs/env.md)."""
-    global _warned_unknown
-    if _warned_unknown:
-        return
-    _warned_unknown = True
     for name, near in settings.unknown():
         hint = f"; did you mean {near}?" if near else ""
         log.warning("tilecomm: %s is not a tilecomm setting and is ignored%s (the settings: docs/env.md)", name, hint)
