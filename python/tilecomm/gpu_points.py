@@ -11,7 +11,9 @@ reads the ``graph`` times of such records, and the ``eager`` times of NVSHMEM's 
 
 Each path is timed as a loop of back-to-back calls between two CUDA events: "eager" (the host's cost
 per call included) or "graph" (the same loop captured once in a CUDA graph and replayed: the GPU's
-cost). The figure is the time per call of the slowest rank, the median of ``reps`` loops.
+cost). The figure is the time per call of the slowest rank, the median of ``reps`` loops; tune's
+points keep the fastest loop instead (``pick=min``): a loop that caught a descheduled rank only
+adds time, and would otherwise stay in the points the model is fitted to.
 """
 
 from __future__ import annotations
@@ -44,8 +46,9 @@ FIT_ENTRIES = ("ll", "one_shot", "two_shot", "hm_ll", "hm_one_shot", "hm_two_sho
 NVSHMEM_GROUPS = {"nvshmem_push": {"TILECOMM_ALGO": "nvshmem_push"}, "nvshmem_pull": {"TILECOMM_ALGO": "nvshmem_pull"}}
 
 
-def per_call(run, calls, reps, barrier):
-    """Median over reps of (time of run()) / calls, in seconds; run() enqueues `calls` calls."""
+def per_call(run, calls, reps, barrier, pick=statistics.median):
+    """pick (the median, or min) over reps of (time of run()) / calls, in seconds; run() enqueues
+    `calls` calls."""
     times = []
     for _ in range(reps):
         torch.cuda.synchronize()
@@ -56,10 +59,10 @@ def per_call(run, calls, reps, barrier):
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e-3 / calls)
-    return statistics.median(times)
+    return pick(times)
 
 
-def eager(fn, calls, reps, barrier):
+def eager(fn, calls, reps, barrier, pick=statistics.median):
     for _ in range(3):
         fn()
 
@@ -67,10 +70,10 @@ def eager(fn, calls, reps, barrier):
         for _ in range(calls):
             fn()
 
-    return per_call(loop, calls, reps, barrier)
+    return per_call(loop, calls, reps, barrier, pick)
 
 
-def graph(fn, calls, reps, barrier):
+def graph(fn, calls, reps, barrier, pick=statistics.median):
     fn()  # eager first: sets up transports outside the capture
     torch.cuda.synchronize()
     barrier()
@@ -79,7 +82,7 @@ def graph(fn, calls, reps, barrier):
         for _ in range(calls):
             fn()
     g.replay()  # warm-up replay
-    t = per_call(g.replay, calls, reps, barrier)
+    t = per_call(g.replay, calls, reps, barrier, pick)
     del g
     return t
 
@@ -101,13 +104,13 @@ def make_groups(names, table=GROUPS):
     return groups
 
 
-def time_entries(entries, x, gout, calls, reps, barrier, timed_eagerly):
+def time_entries(entries, x, gout, calls, reps, barrier, timed_eagerly, pick=statistics.median):
     """Times all_reduce of x (and all_gather into gout, for GATHER entries) per entry.
 
     entries: (entry name, its group's name in GROUPS, group, through the operators). Returns (row,
     kernels, memory): row maps "<collective>:<entry>:<eager|graph>" to seconds (or a failure's
     text); kernels maps "<collective>:<entry>" to the kernel that ran; memory maps an entry to its
-    group's peer memory."""
+    group's peer memory. pick: per_call's."""
     row, kernels, memory = {}, {}, {}
     for name, base, g, use_op in entries:
         be = g._get_backend(torch.device("cuda"))
@@ -118,17 +121,17 @@ def time_entries(entries, x, gout, calls, reps, barrier, timed_eagerly):
             ar = lambda g=g: dist.all_reduce(x, group=g)  # noqa: E731
             ag = lambda g=g: dist.all_gather_into_tensor(gout, x, group=g)  # noqa: E731
         if timed_eagerly(base):
-            row[f"all_reduce:{name}:eager"] = attempt(lambda: eager(ar, calls, reps, barrier))
-        row[f"all_reduce:{name}:graph"] = attempt(lambda: graph(ar, calls, reps, barrier))
+            row[f"all_reduce:{name}:eager"] = attempt(lambda: eager(ar, calls, reps, barrier, pick))
+        row[f"all_reduce:{name}:graph"] = attempt(lambda: graph(ar, calls, reps, barrier, pick))
         kernels[f"all_reduce:{name}"] = be.cuda_last_kernel() or "staged"
         memory[name] = be.cuda_topology()["transport"]
         if base.removeprefix("hm_") in GATHER:
             ran = timed_eagerly(base)
             if ran:
-                row[f"all_gather:{name}:eager"] = attempt(lambda: eager(ag, calls, reps, barrier))
+                row[f"all_gather:{name}:eager"] = attempt(lambda: eager(ag, calls, reps, barrier, pick))
             if x.numel() * x.element_size() <= LL_MAX_BYTES:  # larger ones are staged, which cannot be captured
                 ran = True
-                row[f"all_gather:{name}:graph"] = attempt(lambda: graph(ag, calls, reps, barrier))
+                row[f"all_gather:{name}:graph"] = attempt(lambda: graph(ag, calls, reps, barrier, pick))
             if ran:  # else the last kernel is all_reduce's
                 kernels[f"all_gather:{name}"] = be.cuda_last_kernel() or "staged"
     return row, kernels, memory
@@ -149,7 +152,7 @@ def record(world, nbytes, calls, reps, kernels, memory, row) -> dict:
     return rec
 
 
-def time_nvshmem(groups, x, big, calls, reps, barrier):
+def time_nvshmem(groups, x, big, calls, reps, barrier, pick=statistics.median):
     """Eager times of all_gather (x -> big) and reduce_scatter (big -> x) per NVSHMEM entry of `groups`;
     (row, kernels, memory) as time_entries'."""
     row, kernels, memory = {}, {}, {}
@@ -157,7 +160,7 @@ def time_nvshmem(groups, x, big, calls, reps, barrier):
         be = g._get_backend(torch.device("cuda"))
         for coll, fn in (("all_gather", lambda g=g: dist.all_gather_into_tensor(big, x, group=g)),
                          ("reduce_scatter", lambda g=g: dist.reduce_scatter_tensor(x, big, group=g))):
-            row[f"{coll}:{name}:eager"] = t = attempt(lambda fn=fn: eager(fn, calls, reps, barrier))
+            row[f"{coll}:{name}:eager"] = t = attempt(lambda fn=fn: eager(fn, calls, reps, barrier, pick))
             if isinstance(t, float):  # else the last kernel is an earlier call's
                 kernels[f"{coll}:{name}"] = be.cuda_last_kernel() or "staged"
         memory[name] = "nvshmem"
@@ -165,22 +168,23 @@ def time_nvshmem(groups, x, big, calls, reps, barrier):
 
 
 def fit_points(rank, world, path, grid, calls, reps):
-    """tune's worker: CUDA-graph times of every FIT_ENTRIES kernel at every size of grid (float32
-    sum), one record per size appended to `path` by rank 0."""
+    """tune's worker: CUDA-graph times (the fastest of reps loops) of every FIT_ENTRIES kernel at every
+    size of grid (float32 sum), one record per size appended to `path` by rank 0."""
     def measure(groups, x, big, barrier):
         entries = [(name, name, g, False) for name, g in groups.items()]
-        return time_entries(entries, x, big, calls, reps, barrier, lambda _: False)
+        return time_entries(entries, x, big, calls, reps, barrier, lambda _: False, min)
 
     _points(rank, world, path, grid, calls, reps, {k: GROUPS[k] for k in FIT_ENTRIES}, measure)
 
 
 def nvshmem_fit_points(rank, world, path, grid, calls, reps):
-    """tune's worker for NVSHMEM's kernels: eager times of all_gather and reduce_scatter (float32 sum;
-    each size of grid is the bytes of one rank's block) with each NVSHMEM_GROUPS kernel forced, one
-    record per size appended to `path` by rank 0. Ranks that share a GPU need MPS and
-    CUDA_MPS_ACTIVE_THREAD_PERCENTAGE set before they start (NVSHMEM's collectives abort otherwise)."""
+    """tune's worker for NVSHMEM's kernels: eager times (the fastest of reps loops) of all_gather and
+    reduce_scatter (float32 sum; each size of grid is the bytes of one rank's block) with each
+    NVSHMEM_GROUPS kernel forced, one record per size appended to `path` by rank 0. Ranks that share a
+    GPU need MPS and CUDA_MPS_ACTIVE_THREAD_PERCENTAGE set before they start (NVSHMEM's collectives
+    abort otherwise)."""
     _points(rank, world, path, grid, calls, reps, NVSHMEM_GROUPS,
-            lambda groups, x, big, barrier: time_nvshmem(groups, x, big, calls, reps, barrier))
+            lambda groups, x, big, barrier: time_nvshmem(groups, x, big, calls, reps, barrier, min))
 
 
 def _points(rank, world, path, grid, calls, reps, table, measure):

@@ -32,7 +32,7 @@ GPUs: ``--device cuda`` measures this machine's GPU paths itself, with its own r
 per rank where there are enough, else ranks sharing GPUs, which wants the MPS daemon): for each
 world size, the direct all_reduce and all_gather kernels forced in turn (``tilecomm.gpu_points``)
 and every scheduled algorithm of the GPU's schedule executor forced in turn (``tilecomm.bench
---device cuda --graph``, the fastest of ``--repeats`` replays), each over GPU memory (cuda_ipc)
+--device cuda --graph``), each point the fastest of ``--repeats`` replays, over GPU memory (cuda_ipc)
 and shared host memory (host_mapped), all timed by CUDA-graph replay. It fits the ``cuda`` and
 ``cuda_executor`` sections as below, prints both reports and writes them, with the records
 (``cuda_points``), into a copy of the current profile. It starts its ranks itself (not under
@@ -888,7 +888,8 @@ def build_parser():
     p.add_argument("-w", "--warmup", type=int, default=5, help="untimed calls before each size (default 5)")
     p.add_argument(
         "-r", "--repeats", type=int, default=3,
-        help="interleaved passes over the algorithms per size; the least median is kept (default 3)",
+        help="interleaved passes over the algorithms per size; the least median is kept (default 3; with "
+             "--device cuda: replays per point, the fastest kept)",
     )
     p.add_argument(
         "--dtypes",

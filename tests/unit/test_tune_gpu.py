@@ -285,3 +285,49 @@ def test_bench_refuses_replays_it_cannot_make(argv, capsys):
     with pytest.raises(SystemExit):
         bench.main(["--np", "1", *argv])
     assert "--replays takes a positive count, and more than one needs --graph" in capsys.readouterr().err
+
+
+class _Clock:
+    """Stands in for torch.cuda's events: each timed loop takes the next of `ms` milliseconds."""
+
+    def __init__(self, ms):
+        self.ms = list(ms)
+
+    def event(self, enable_timing=False):
+        clock = self
+
+        class Event:
+            def record(self):
+                pass
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, end):
+                return clock.ms.pop(0)
+
+        return Event()
+
+
+@pytest.mark.parametrize("pick, want_ms", [(None, 5.0), (min, 1.0)])
+def test_per_call_keeps_the_median_or_the_fastest_loop(monkeypatch, pick, want_ms):
+    clock = _Clock([9.0, 1.0, 5.0])
+    monkeypatch.setattr(gpu_points.torch.cuda, "Event", clock.event)
+    monkeypatch.setattr(gpu_points.torch.cuda, "synchronize", lambda: None)
+    loops = []
+    kw = {} if pick is None else {"pick": pick}
+    t = gpu_points.per_call(lambda: loops.append(1), 10, 3, lambda: None, **kw)
+    assert len(loops) == 3 and clock.ms == []
+    assert t == pytest.approx(want_ms * 1e-3 / 10)
+
+
+def test_tunes_workers_keep_the_fastest_loop(monkeypatch):
+    """fit_points and nvshmem_fit_points time with pick=min (a loop that caught a descheduled rank only
+    adds time); benchmarks keep the median."""
+    picks = []
+    monkeypatch.setattr(gpu_points, "time_entries", lambda *a: picks.append(("kernels", a[-1])))
+    monkeypatch.setattr(gpu_points, "time_nvshmem", lambda *a: picks.append(("nvshmem", a[-1])))
+    monkeypatch.setattr(gpu_points, "_points", lambda *a: a[-1]({}, None, None, None))
+    gpu_points.fit_points(0, 2, "unused", [8], 20, 3)
+    gpu_points.nvshmem_fit_points(0, 2, "unused", [8], 20, 3)
+    assert picks == [("kernels", min), ("nvshmem", min)]
