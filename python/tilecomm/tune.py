@@ -13,9 +13,10 @@ world size). Tuning measures, then fits with ``tilecomm.fit``:
    send/recv), over shared memory and over TCP (a group with
    TILECOMM_TRANSPORT=tcp); half the median round trip is one message's time;
 2. local reductions: ``tilecomm._C.reduce_into`` (sum) per dtype, on rank 0;
-3. every algorithm of each collective, forced in turn (float32, sum): the
-   median over iterations of one call's time, the slowest rank's; the least
-   of ``--repeats`` such medians, taken in interleaved passes.
+3. every algorithm of each collective, forced in turn (float32, sum):
+   nccl-tests' time, the wall time of ``-n`` back-to-back calls divided by
+   ``-n``, the slowest rank's; the least of ``--repeats`` such times, taken in
+   interleaved passes.
 
 It writes a profile JSON (docs/selector.md). ``--validate`` times
 auto-selection under a profile against every forced algorithm and prints, per
@@ -163,12 +164,15 @@ def _time_algorithms(rank, world, args, timing, with_auto=False):
         for n in [0] if coll == "barrier" else _grid(args):
             best = {}
             # Sizes outside, algorithms inside, repeated: drift hits all alike, and the
-            # least of the repeats' medians drops the ones a descheduled rank spoiled.
+            # least of the repeats drops the ones a descheduled rank spoiled.
+            # NOTE: the loop's time per call, not the median call: where ranks outnumber
+            # cores, a call's time is short or long by where the scheduler put the ranks,
+            # and the median of single calls flips between the two (docs/selector.md).
             for _ in range(args.repeats):
                 for name, g in groups.items():
                     case = bench.Case(coll, n, torch.float32, dist.ReduceOp.SUM, rank, world, g)
-                    _, times = bench.time_case(case, args.iters, args.warmup, timing)
-                    best[name] = min(best.get(name, float("inf")), float(times.quantile(0.5)))
+                    per_call, _ = bench.time_case(case, args.iters, args.warmup, timing)
+                    best[name] = min(best.get(name, float("inf")), per_call)
             for name in groups:
                 points[name].append([case.nbytes, best[name]])
         for g in forced.values():
@@ -884,7 +888,8 @@ def build_parser():
     p.add_argument("-b", "--minbytes", type=bench.parse_size, default=8, help="smallest size (default 8)")
     p.add_argument("-e", "--maxbytes", type=bench.parse_size, default=16 << 20, help="largest size (default 16M)")
     p.add_argument("-f", "--stepfactor", type=int, default=4, help="size multiplier between points (default 4)")
-    p.add_argument("-n", "--iters", type=int, default=20, help="timed calls per size (the median is used)")
+    p.add_argument("-n", "--iters", type=int, default=20,
+                   help="timed back-to-back calls per size and pass (their time per call is used)")
     p.add_argument("-w", "--warmup", type=int, default=5, help="untimed calls before each size (default 5)")
     p.add_argument(
         "-r", "--repeats", type=int, default=3,
