@@ -196,3 +196,25 @@ def test_validate_measured_scores_an_earlier_report_without_running(tmp_path, ca
     with pytest.raises(SystemExit) as e:
         tune.main(["--measured", str(report)])
     assert e.value.code == 2
+
+
+def test_a_point_is_the_least_loop_time_over_the_passes(monkeypatch):
+    """Each pass keeps the loop's time per call (time_case's first figure), not the median call, and
+    the point is the least over the passes."""
+    import argparse
+
+    import torch
+
+    from tilecomm import bench
+
+    loops = iter([5e-6, 3e-6, 4e-6, 5e-6, 4e-6, 3e-6])  # pass by pass, the two algorithms in turn
+    monkeypatch.setattr(bench, "_algo_groups", lambda coll, spec, world: {"tilecomm:binomial_tree": "g1",
+                                                                         "tilecomm:pipelined_chain": "g2"})
+    monkeypatch.setattr(bench, "Case", lambda coll, n, *a: argparse.Namespace(nbytes=n))
+    monkeypatch.setattr(bench, "time_case", lambda case, iters, warmup, timing: (next(loops), torch.full((iters,), 1e-3)))
+    monkeypatch.setattr(tune.dist, "destroy_process_group", lambda g: None)
+    args = argparse.Namespace(collectives=["broadcast"], minbytes=8, maxbytes=8, stepfactor=4, repeats=3, iters=4,
+                              warmup=0)
+    out = tune._time_algorithms(0, 2, args, None)
+    # passes alternate the algorithms: binomial_tree gets 5, 4, 4 us; pipelined_chain 3, 5, 3
+    assert out == {"broadcast": {"broadcast_binomial_tree": [[8, 4e-6]], "broadcast_pipelined_chain": [[8, 3e-6]]}}
