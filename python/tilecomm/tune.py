@@ -893,7 +893,7 @@ def build_parser():
     p.add_argument("-w", "--warmup", type=int, default=5, help="untimed calls before each size (default 5)")
     p.add_argument(
         "-r", "--repeats", type=int, default=3,
-        help="interleaved passes over the algorithms per size; the least median is kept (default 3; with "
+        help="interleaved passes over the algorithms per size; the least loop time is kept (default 3; with "
              "--device cuda: replays per point, the fastest kept)",
     )
     p.add_argument(
