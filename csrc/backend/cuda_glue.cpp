@@ -27,6 +27,17 @@ bool directP2P(const CudaSettings& s) {
   return true;
 }
 
+/// Note [Registered tensors]: while it lives, this thread may export and open CUDA memory even
+/// where a stream is capturing a CUDA graph in the global mode (torch's default), which forbids
+/// such calls to every thread; the capture records none of them.
+struct RelaxedCapture {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode); }
+  ~RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode); }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+};
+
 std::vector<uint8_t> toBytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
 std::string fromBytes(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
 
@@ -636,8 +647,8 @@ void* CudaGroup::symmetricAlloc(uint64_t nbytes, const c10::Device& device) {
   return p;
 }
 
-bool CudaGroup::registerEligible(const CudaOp& op, uint64_t nbytes) const {
-  if (op.captured || ipc_->memory() != cuda::PeerMemory::kCudaIpc) return false;
+bool CudaGroup::registerEligible(uint64_t nbytes) const {
+  if (ipc_->memory() != cuda::PeerMemory::kCudaIpc) return false;
   if (settings_.allreduce == "registered") return true;
   return settings_.allreduce == "auto" && settings_.register_bytes > 0 && nbytes >= settings_.register_bytes &&
          allReduceAlgo(nbytes) != cuda::DirectAlgo::kOneShotLL;
@@ -698,6 +709,7 @@ void CudaGroup::exchange(void* all, uint64_t each, int64_t timeout_ms) {
 char* CudaGroup::peerAllocation(cudaStream_t stream, int q, uint64_t base, uint64_t id,
                                  const cudaIpcMemHandle_t& handle, bool retire) {
   std::lock_guard<std::mutex> lk(mapped_mu_);
+  RelaxedCapture relaxed;
   auto it = mapped_.find({q, base});
   if (it != mapped_.end()) {
     if (it->second.first == id) return it->second.second;
@@ -735,6 +747,7 @@ std::optional<std::vector<char*>> CudaGroup::registerTensors(CudaOp& op, void* p
   // span two allocations, and peers would store past the one they opened.
   // A known allocation needs no handle (every peer has it open), so the driver is asked for one
   // only until it is known, not on every call.
+  RelaxedCapture relaxed;
   if (exportable && allocationOf(p, &base, &size, &id) && reinterpret_cast<uint64_t>(p) + extent <= base + size &&
       (known_.count(id) || cudaIpcGetMemHandle(&mine.handle, reinterpret_cast<void*>(base)) == cudaSuccess)) {
     mine.ok = 1;
@@ -765,7 +778,8 @@ std::optional<std::vector<char*>> CudaGroup::registerTensors(CudaOp& op, void* p
       continue;
     }
     try {
-      tensors[q] = peerAllocation(op.stream.stream(), q, all[q].base, all[q].id, all[q].handle, false) +
+      // Under capture no stream may be synchronized: a replaced mapping is retired.
+      tensors[q] = peerAllocation(op.stream.stream(), q, all[q].base, all[q].id, all[q].handle, op.captured) +
                    all[q].offset;
     } catch (const std::exception& e) {  // every rank must reach the agreement below
       why = e.what();
@@ -805,8 +819,8 @@ bool CudaGroup::allGatherRegisterEligible(uint64_t nbytes) const {
 
 bool CudaGroup::allGatherRegistered(CudaOp& op, const at::Tensor& in, const std::vector<void*>& outs,
                                     int64_t timeout_ms) {
-  // NOTE: every condition here is the same on every rank (the transport's, the capture's).
-  if (op.captured || !directReady(op) || ipc_->memory() != cuda::PeerMemory::kCudaIpc) return false;
+  // NOTE: every condition here is the same on every rank (the transport's).
+  if (!directReady(op) || ipc_->memory() != cuda::PeerMemory::kCudaIpc) return false;
   const uint64_t n = in.nbytes();
   bool contiguous = true;  // the output is one range (all_gather_into_tensor; a list may be too)
   for (int q = 1; q < world_; ++q) contiguous &= outs[q] == static_cast<char*>(outs[0]) + q * n;
@@ -821,7 +835,7 @@ bool CudaGroup::allGatherRegistered(CudaOp& op, const at::Tensor& in, const std:
 }
 
 void CudaGroup::allReduceDirect(CudaOp& op, at::Tensor& t, DType dtype, RedOp rop, int64_t timeout_ms) {
-  if (registerEligible(op, t.nbytes()) && allReduceRegistered(op, t, dtype, rop, timeout_ms)) return;
+  if (registerEligible(t.nbytes()) && allReduceRegistered(op, t, dtype, rop, timeout_ms)) return;
   const cuda::DirectAlgo algo = allReduceAlgo(t.nbytes());
   last_kernel_ = static_cast<int>(algo);
   uint64_t timeout_ns = static_cast<uint64_t>(timeout_ms) * 1000000ull;
@@ -855,8 +869,7 @@ bool CudaGroup::allToAll(CudaOp& op, const cuda::AllToAllCall& call, bool equal,
   // instead of the FIFOs' two); the setting is the user's word that every rank sees equal blocks.
   const uint64_t n = call.out_bytes[0];
   const uint64_t from = settings_.alltoall_register_bytes;
-  if (equal && n > 0 && from > 0 && n * world_ >= from && !op.captured &&
-      ipc_->memory() == cuda::PeerMemory::kCudaIpc) {
+  if (equal && n > 0 && from > 0 && n * world_ >= from && ipc_->memory() == cuda::PeerMemory::kCudaIpc) {
     const auto outputs = registerTensors(op, call.out[0], n * world_, true, timeout_ms);
     if (outputs) {
       last_kernel_ = kLastAllToAllRegistered;

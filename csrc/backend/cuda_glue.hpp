@@ -74,10 +74,14 @@
 // frees segments only in empty_cache and when it retries an allocation that ran out of memory);
 // TILECOMM_CUDA_REGISTER_BYTES=0 turns registration off. Every rank passes through the CPU
 // engine's all_gather before its launch, so the calling thread (the worker's, for async_op=True)
-// waits there until every rank issued the call. Not under CUDA graph capture (the exchange is
-// host work), which every rank must then be doing alike. A peer that stalls past the timeout
-// inside a registered kernel may still store into a rank's tensor after that rank's call failed;
-// the group fails every later call.
+// waits there until every rank issued the call. Under CUDA graph capture the exchange and the
+// opening run once, at the capture (host work, which the graph does not record; RelaxedCapture lets
+// the thread export and open memory where torch's capture forbids it), and every replay's kernel
+// reads the peers' tensors at the addresses captured. Those stay valid while the peers' graphs
+// live: a graph's tensors stay where they are (torch's graph pool), as any replay needs; a
+// mapping replaced during a capture is retired, not closed (no stream can be synchronized then).
+// A peer that stalls past the timeout inside a registered kernel may still store into a rank's
+// tensor after that rank's call failed; the group fails every later call.
 //
 // Note [Direct point-to-point]: with TILECOMM_CUDA_P2P=direct (the default), in a group whose
 // ranks are on one host, with GPU peer memory possible (TILECOMM_CUDA_IPC_BYTES > 0), no
@@ -426,7 +430,7 @@ class CudaGroup {
   /// Note [Registered tensors]: whether an all_reduce of nbytes registers its tensors (the same on
   /// every rank), and the registered kernel, if every rank could export and open (else false: the
   /// staged kernel runs).
-  bool registerEligible(const CudaOp& op, uint64_t nbytes) const;
+  bool registerEligible(uint64_t nbytes) const;
   bool allReduceRegistered(CudaOp& op, at::Tensor& t, DType dtype, RedOp rop, int64_t timeout_ms);
   /// Every rank's address of its tensor of `extent` bytes at p (this rank's own at its index), or
   /// nullopt on every rank where some rank's cannot be exported (not within one exportable

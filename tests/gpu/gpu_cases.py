@@ -420,6 +420,63 @@ def graph_replay(rank, world, gloo, replays, sizes=(1, 7, 1031, 65543)):
     finish()
 
 
+def graph_registered(rank, world, gloo, replays=12):
+    """Note [Registered tensors] under CUDA graph capture: an all_reduce of a tensor made before the
+    capture, one of a tensor made in the graph's pool, an all_gather_into_tensor and an
+    all_to_all_single of equal blocks, each registered for the first time inside the capture,
+    replayed with fresh inputs; the registration runs at the capture only. Between replays, eager registered calls on new tensors (freed, the cache emptied)
+    open and replace other mappings."""
+    d = dev()
+    warm = torch.ones(1031, device=d)
+    dist.all_reduce(warm)  # eager: sets up the transport
+    n, n_ag, n_a2a = 65543, 4099, 1031
+    x = torch.empty(n, device=d)
+    ag_in = torch.empty(n_ag, device=d)
+    ag_out = torch.empty(world * n_ag, device=d)
+    a2a_in = torch.empty(world * n_a2a, dtype=torch.int32, device=d)
+    a2a_out = torch.empty(world * n_a2a, dtype=torch.int32, device=d)
+
+    def fill(k):
+        x.copy_(data(rank, n, torch.float32, "sum", salt=k))
+        ag_in.copy_(data(rank, n_ag, torch.float32, "sum", salt=k))
+        a2a_in.copy_(torch.cat([b.view(-1) for b in a2a_blocks(rank, world, [n_a2a] * world, torch.int32, salt=k)]))
+
+    fill(0)
+    torch.cuda.synchronize()
+    before = _registered_calls()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dist.all_reduce(x)
+        y = x * 2  # the graph's pool
+        dist.all_reduce(y)
+        dist.all_gather_into_tensor(ag_out, ag_in)
+        dist.all_to_all_single(a2a_out, a2a_in)
+    check(_registered_calls() == before + 4, f"capture: registered calls {before} -> {_registered_calls()}")
+    check(backend().cuda_last_kernel() == "alltoall_push_registered", f"captured {backend().cuda_last_kernel()}")
+    for k in range(1, replays + 1):
+        fill(k)
+        graph.replay()
+        want = closed_form(world, n, torch.float32, "sum", salt=k)
+        check_equal(x, want, f"replay {k}: all_reduce")
+        check_equal(y, want * (2 * world), f"replay {k}: all_reduce in the graph's pool")
+        want = torch.cat([data(r, n_ag, torch.float32, "sum", salt=k) for r in range(world)])
+        check_equal(ag_out, want, f"replay {k}: all_gather_into_tensor")
+        check_equal(a2a_out, a2a_received(rank, world, n_a2a, torch.int32, salt=k), f"replay {k}: all_to_all_single")
+        identical(gloo, torch.cat([x, y, ag_out]), f"replay {k}")
+        if k % 3 == 0:
+            t = torch.empty(1 << 18, device=d)
+            t.copy_(data(rank, 1 << 18, torch.float32, "sum", salt=k))
+            dist.all_reduce(t)
+            check_equal(t, closed_form(world, 1 << 18, torch.float32, "sum", salt=k), f"eager after replay {k}")
+            del t
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+    check(_registered_calls() == before + 4 + replays // 3, "replays registered again")
+    del graph
+    torch.cuda.synchronize()
+    finish()
+
+
 SEQUENCE_SIZES = (0, 1, 1031, 65543, 1 << 20)
 SEQUENCE_CALLS = ((torch.float32, "sum"), (torch.bfloat16, "max"), (torch.int32, "bxor"), (torch.float16, "avg"),
                   (torch.int64, "product"))

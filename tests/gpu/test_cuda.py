@@ -185,6 +185,15 @@ def test_cuda_graph_replay(pools, world, memory):
     pools.run(world, env, "graph_replay", replays=40)
 
 
+@pytest.mark.parametrize("world", WORLDS + [3])
+def test_cuda_graph_registered(pools, world):
+    """Registered all_reduce, all_gather and all_to_all captured in a CUDA graph (their first
+    registration inside the capture), replayed with fresh inputs, eager registered calls in between."""
+    env = {"TILECOMM_CUDA_ALLREDUCE": "registered", "TILECOMM_PROTO": "simple", "TILECOMM_CUDA_REGISTER_BYTES": "1",
+           "TILECOMM_CUDA_ALLTOALL": "registered", "TILECOMM_NVSHMEM": "off"}
+    pools.run(world, env, "graph_registered")
+
+
 @pytest.mark.parametrize("config", ["auto", "host_mapped", "system_fence"])
 @pytest.mark.parametrize("world", WORLDS)
 def test_gpu_topology(pools, world, config):
