@@ -31,7 +31,11 @@ nccl-tests' method: after one barrier and 3 warm-up calls (the last of which
 ends on every rank at once, so the timed calls start in step), `iters` calls
 back to back between two CUDA events, the time per call of the slowest rank;
 each record also gives, per entry, the host's time per call in that loop
-(`host_us`: where it is near the GPU's time, the host is the limit). "copy" is
+(`host_us`: where it is near the GPU's time, the host is the limit). --timing
+graph is nccl-tests' -G: that loop captured once in a CUDA graph, each replay
+started in step as the loop is, the fastest of 3 replays; the host's cost per
+call is gone, so it times the GPU's work alone (the staging path, which the host
+drives, and NVSHMEM's kernels, whose calls the host counts, are not captured). "copy" is
 the HBM rate of every rank copying its buffer device-to-device at once, started
 in step (copy_rate), and "bound" the time that rate gives the least traffic an
 all_reduce moves (2 x world x bytes: each input read once, each output written
@@ -94,9 +98,35 @@ def _timed_loop(fn, iters, barrier, align=None):
     return start.elapsed_time(end) * 1e-3 / iters
 
 
+def _timed_graph(fn, iters, barrier, align=None, replays=3):
+    # nccl-tests' -G: the loop's `iters` calls captured once in a CUDA graph and replayed, so the
+    # host's cost per call is gone and only the GPU's is timed. Each replay starts in step as the
+    # loop does (barrier, then a call that ends on every rank at once); the fastest replay is kept.
+    fn()  # eager first: sets up transports outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(iters):
+            fn()
+    HOST["last"] = None
+    best = float("inf")
+    for _ in range(replays):
+        torch.cuda.synchronize()
+        barrier()
+        (align or fn)()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) * 1e-3 / iters)
+    del g
+    return best
+
+
 def timer(args):
     """The timing method --timing names."""
-    return _timed_loop if args.timing == "loop" else _timed
+    return {"loop": _timed_loop, "graph": _timed_graph}.get(args.timing, _timed)
 
 
 def copy_rate(nbytes, world, dev, iters, barrier, align, group):
@@ -150,8 +180,9 @@ def parser(doc):
     ap.add_argument("-f", "--stepfactor", type=int, default=4)
     ap.add_argument("-n", "--iters", type=int, default=20)
     ap.add_argument("--jsonl", default="")
-    ap.add_argument("--timing", choices=["barrier", "loop"], default="barrier",
-                    help="a barrier before each timed call (default), or nccl-tests' back-to-back loop")
+    ap.add_argument("--timing", choices=["barrier", "loop", "graph"], default="barrier",
+                    help="a barrier before each timed call (default), nccl-tests' back-to-back loop, or that "
+                         "loop captured in a CUDA graph and replayed (nccl-tests' -G; the fastest of 3 replays)")
     return ap
 
 
@@ -215,8 +246,10 @@ def _rank(rank, world, args):
         x = torch.zeros(n, device=dev)  # sums stay finite however often they run
         # the staging fallback takes 0.1-0.3 s per call from 64 MiB: timed up to 16 MiB only
         runs = [(name, g, x) for name, g in groups.items() if name != "tilecomm:staged" or nbytes <= (16 << 20)]
+        if args.timing == "graph":
+            runs = [r for r in runs if r[0] not in ("tilecomm:staged", "tilecomm:nvshmem_two_shot")]
         runs.insert(1, ("tilecomm:auto_op", groups["tilecomm:auto"], x))
-        if heap is not None:
+        if heap is not None and args.timing != "graph":
             runs.append(("tilecomm:nvshmem_in_place", nvs, heap[:n].zero_()))
             runs.append(("nvshmem:reduce", nvs, heap[:n]))
         for name, g, t in runs:

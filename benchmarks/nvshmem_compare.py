@@ -135,7 +135,10 @@ def _rank(rank, world, args):
 def main():
     ap = parser(__doc__)
     ap.add_argument("--reduce-scatter", action="store_true")
-    run_worlds(_rank, ap.parse_args(), "nvshmem_compare")
+    args = ap.parse_args()
+    if args.timing == "graph":
+        ap.error("--timing graph: NVSHMEM's kernels cannot be captured in a CUDA graph (the host counts their calls)")
+    run_worlds(_rank, args, "nvshmem_compare")
 
 
 if __name__ == "__main__":
