@@ -16,7 +16,7 @@ world size). Tuning measures, then fits with ``tilecomm.fit``:
 3. every algorithm of each collective, forced in turn (float32, sum):
    nccl-tests' time, the wall time of ``-n`` back-to-back calls divided by
    ``-n``, the slowest rank's; the least of ``--repeats`` such times, taken in
-   interleaved passes.
+   passes that each sweep every size and algorithm.
 
 It writes a profile JSON (docs/selector.md). ``--validate`` times
 auto-selection under a profile against every forced algorithm and prints, per
@@ -160,21 +160,27 @@ def _time_algorithms(rank, world, args, timing, with_auto=False):
         groups = {by_short[key.split(":", 1)[1]]: g for key, g in forced.items()}
         if with_auto:
             groups = {"auto": dist.group.WORLD, **groups}
-        points = {name: [] for name in groups}
-        for n in [0] if coll == "barrier" else _grid(args):
-            best = {}
-            # Sizes outside, algorithms inside, repeated: drift hits all alike, and the
-            # least of the repeats drops the ones a descheduled rank spoiled.
-            # NOTE: the loop's time per call, not the median call: where ranks outnumber
-            # cores, a call's time is short or long by where the scheduler put the ranks,
-            # and the median of single calls flips between the two (docs/selector.md).
-            for _ in range(args.repeats):
-                for name, g in groups.items():
-                    case = bench.Case(coll, n, torch.float32, dist.ReduceOp.SUM, rank, world, g)
+        grid = [0] if coll == "barrier" else _grid(args)
+        best = [dict.fromkeys(groups, float("inf")) for _ in grid]
+        nbytes = list(grid)
+        # A pass sweeps every size, each size every algorithm, and the point is the least over the
+        # passes: a pass spoiled by a descheduled rank only adds time. The passes of one point are a
+        # whole sweep apart, longer than the spells (up to tens of ms) in which the scheduler stacks
+        # ranks on one core; passes back to back at one size caught the same spell (docs/selector.md,
+        # "Measuring"). The algorithms take turns at going first.
+        # NOTE: the loop's time per call, not the median call: where ranks outnumber cores, a call's
+        # time is short or long by where the scheduler put the ranks, and the median of single calls
+        # flips between the two (docs/selector.md).
+        names = list(groups)
+        for r in range(args.repeats):
+            order = names[r % len(names):] + names[: r % len(names)]
+            for i, n in enumerate(grid):
+                for name in order:
+                    case = bench.Case(coll, n, torch.float32, dist.ReduceOp.SUM, rank, world, groups[name])
                     per_call, _ = bench.time_case(case, args.iters, args.warmup, timing)
-                    best[name] = min(best.get(name, float("inf")), per_call)
-            for name in groups:
-                points[name].append([case.nbytes, best[name]])
+                    best[i][name] = min(best[i][name], per_call)
+                    nbytes[i] = case.nbytes
+        points = {name: [[nbytes[i], best[i][name]] for i in range(len(grid))] for name in names}
         for g in forced.values():
             dist.destroy_process_group(g)
         out[coll] = points
@@ -893,7 +899,7 @@ def build_parser():
     p.add_argument("-w", "--warmup", type=int, default=5, help="untimed calls before each size (default 5)")
     p.add_argument(
         "-r", "--repeats", type=int, default=3,
-        help="interleaved passes over the algorithms per size; the least loop time is kept (default 3; with "
+        help="passes over every size and algorithm; per point the least loop time is kept (default 3; with "
              "--device cuda: replays per point, the fastest kept)",
     )
     p.add_argument(

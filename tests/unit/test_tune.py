@@ -207,7 +207,7 @@ def test_a_point_is_the_least_loop_time_over_the_passes(monkeypatch):
 
     from tilecomm import bench
 
-    loops = iter([5e-6, 3e-6, 4e-6, 5e-6, 4e-6, 3e-6])  # pass by pass, the two algorithms in turn
+    loops = iter([5e-6, 3e-6, 4e-6, 5e-6, 4e-6, 3e-6])  # pass by pass, the two algorithms in turn (by turns first)
     monkeypatch.setattr(bench, "_algo_groups", lambda coll, spec, world: {"tilecomm:binomial_tree": "g1",
                                                                          "tilecomm:pipelined_chain": "g2"})
     monkeypatch.setattr(bench, "Case", lambda coll, n, *a: argparse.Namespace(nbytes=n))
@@ -216,5 +216,41 @@ def test_a_point_is_the_least_loop_time_over_the_passes(monkeypatch):
     args = argparse.Namespace(collectives=["broadcast"], minbytes=8, maxbytes=8, stepfactor=4, repeats=3, iters=4,
                               warmup=0)
     out = tune._time_algorithms(0, 2, args, None)
-    # passes alternate the algorithms: binomial_tree gets 5, 4, 4 us; pipelined_chain 3, 5, 3
+    # binomial_tree goes first in passes 1 and 3: it gets 5, 5, 4 us; pipelined_chain 3, 4, 3
     assert out == {"broadcast": {"broadcast_binomial_tree": [[8, 4e-6]], "broadcast_pipelined_chain": [[8, 3e-6]]}}
+
+
+def test_passes_sweep_every_size_before_the_next_pass(monkeypatch):
+    """A pass times every size (each with every algorithm) before the next pass starts, so the
+    passes of one point are a sweep apart; the algorithms take turns at going first; each point is
+    still the least over its passes."""
+    import argparse
+
+    import torch
+
+    from tilecomm import bench
+
+    calls = []
+
+    def time_case(case, iters, warmup, timing):
+        calls.append((case.nbytes, case.group))
+        return 1e-6 * (len(calls) % 4 + 1), torch.zeros(iters)
+
+    monkeypatch.setattr(bench, "_algo_groups", lambda coll, spec, world: {"tilecomm:binomial_tree": "g1",
+                                                                         "tilecomm:pipelined_chain": "g2"})
+    monkeypatch.setattr(bench, "Case", lambda coll, n, dtype, op, rank, world, g: argparse.Namespace(nbytes=n, group=g))
+    monkeypatch.setattr(bench, "time_case", time_case)
+    monkeypatch.setattr(tune.dist, "destroy_process_group", lambda g: None)
+    args = argparse.Namespace(collectives=["broadcast"], minbytes=8, maxbytes=128, stepfactor=4, repeats=2, iters=4,
+                              warmup=0)
+    out = tune._time_algorithms(0, 2, args, None)
+    assert calls == [(8, "g1"), (8, "g2"), (32, "g1"), (32, "g2"), (128, "g1"), (128, "g2"),
+                     (8, "g2"), (8, "g1"), (32, "g2"), (32, "g1"), (128, "g2"), (128, "g1")]
+    # call k (from 1) took (k % 4 + 1) us; a point keeps the least of its two calls
+    expected = {}
+    for k, key in enumerate(calls, 1):
+        expected[key] = min(expected.get(key, 1.0), 1e-6 * (k % 4 + 1))
+    assert out == {"broadcast": {
+        "broadcast_binomial_tree": [[n, expected[(n, "g1")]] for n in (8, 32, 128)],
+        "broadcast_pipelined_chain": [[n, expected[(n, "g2")]] for n in (8, 32, 128)],
+    }}
