@@ -167,7 +167,7 @@ def _time_algorithms(rank, world, args, timing, with_auto=False):
         # passes: a pass spoiled by a descheduled rank only adds time. The passes of one point are a
         # whole sweep apart, longer than the spells (up to tens of ms) in which the scheduler stacks
         # ranks on one core; passes back to back at one size caught the same spell (docs/selector.md,
-        # "Measuring"). The algorithms take turns at going first.
+        # "Tuning"). The algorithms take turns at going first.
         # NOTE: the loop's time per call, not the median call: where ranks outnumber cores, a call's
         # time is short or long by where the scheduler put the ranks, and the median of single calls
         # flips between the two (docs/selector.md).

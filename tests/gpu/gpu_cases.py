@@ -424,8 +424,8 @@ def graph_registered(rank, world, gloo, replays=12):
     """Note [Registered tensors] under CUDA graph capture: an all_reduce of a tensor made before the
     capture, one of a tensor made in the graph's pool, an all_gather_into_tensor and an
     all_to_all_single of equal blocks, each registered for the first time inside the capture,
-    replayed with fresh inputs; the registration runs at the capture only. Between replays, eager registered calls on new tensors (freed, the cache emptied)
-    open and replace other mappings."""
+    replayed with fresh inputs; the registration runs at the capture only. Between replays, eager
+    registered calls on new tensors (freed, the cache emptied) open and replace other mappings."""
     d = dev()
     warm = torch.ones(1031, device=d)
     dist.all_reduce(warm)  # eager: sets up the transport

@@ -207,7 +207,7 @@ def test_a_point_is_the_least_loop_time_over_the_passes(monkeypatch):
 
     from tilecomm import bench
 
-    loops = iter([5e-6, 3e-6, 4e-6, 5e-6, 4e-6, 3e-6])  # pass by pass, the two algorithms in turn (by turns first)
+    loops = iter([5e-6, 3e-6, 4e-6, 5e-6, 4e-6, 3e-6])  # pass by pass; which algorithm goes first takes turns
     monkeypatch.setattr(bench, "_algo_groups", lambda coll, spec, world: {"tilecomm:binomial_tree": "g1",
                                                                          "tilecomm:pipelined_chain": "g2"})
     monkeypatch.setattr(bench, "Case", lambda coll, n, *a: argparse.Namespace(nbytes=n))
