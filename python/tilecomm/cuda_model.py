@@ -64,12 +64,15 @@ KERNELS = {
 # Kernels TILECOMM_ALGO can force (the others follow TILECOMM_PROTO and TILECOMM_CUDA_ALLREDUCE).
 FORCEABLE = {k: v for k, v in KERNELS.items() if v.memory == "nvshmem"}
 
-# Fitted on one H200 shared by 2 and 4 ranks under MPS, from CUDA-graph replay of the forced kernels
-# (benchmarks/results/gpu_latency_h200_ll_grid.jsonl; the fit and its errors: docs/benchmarks.md).
-# A machine whose GPUs are joined otherwise (NVLink between GPUs, PCIe) wants its own fit.
+# Fitted from CUDA-graph replay of the forced kernels (tune --device cuda), ranks sharing one GPU
+# under MPS: four runs on an H100 80GB HBM3 (three at 2 and 4 ranks, one at 8) and one on an H200 (2
+# and 4 ranks); records benchmarks/results/tune_gpu_h100_grid_{fastest,median_3,median_w8}.json,
+# tune_gpu_h100_fastest_2.json, tune_gpu_h200_graph_capture.json; the fit and how it scores left out
+# in turn: docs/benchmarks.md, "The CUDA model refitted on five runs". A machine whose GPUs are
+# joined otherwise (NVLink between GPUs, PCIe) wants its own fit.
 _GPU_MEMORY = {
-    "ll": {"alpha_s": 3.1e-06, "alpha_round_s": 0.0, "alpha_peer_s": 5.2e-07, "beta_s_per_byte": 3.5e-12},
-    "simple": {"alpha_s": 1.8e-06, "alpha_round_s": 2.2e-06, "alpha_peer_s": 5.0e-07, "beta_s_per_byte": 3.0e-12},
+    "ll": {"alpha_s": 3.46e-06, "alpha_round_s": 0.0, "alpha_peer_s": 1.18e-06, "beta_s_per_byte": 2.82e-12},
+    "simple": {"alpha_s": 2.9e-06, "alpha_round_s": 1.32e-06, "alpha_peer_s": 1.22e-06, "beta_s_per_byte": 1.12e-12},
 }
 DEFAULT = {
     "cuda_ipc": copy.deepcopy(_GPU_MEMORY),
