@@ -33,6 +33,9 @@ MEMORIES = ("cuda_ipc", "host_mapped")  # the executor's peer memories, in cuda:
 KEYS = ("alpha_s", "alpha_round_s", "alpha_step_s", "beta_s_per_byte")
 MAX_BYTES = (1 << 64) - 1
 MAX_RANKS = 16  # cuda::kMaxRanks: larger groups stage CUDA tensors through host memory
+# fit: fitted constants whose tables' mean regret on their own points exceeds the current ones' by
+# more than this are not taken (a smaller difference is a choice or two among near-equal times).
+REGRET_SLACK = 0.005
 
 # Fitted on one H200 shared by the ranks under MPS, from CUDA-graph replay of every scheduled algorithm
 # forced in turn (scripts/gpu-executor-algos): cuda_ipc at 2, 4 and 8 ranks
@@ -155,9 +158,26 @@ def fit(records, base=None) -> tuple[dict, list[str]]:
         t = np.array([r[3] for r in rows])
         x = bounded_lstsq(A / t[:, None], np.ones_like(t), [0.0] * len(KEYS))
         err = errors(A @ x, t)
-        consts[m] = dict(zip(KEYS, (float(v) for v in x)))
-        consts[m]["fit"] = {"points": err["points"], "median_error": err["median"], "worst_error": err["worst"]}
+        fitted = dict(zip(KEYS, (float(v) for v in x)))
+        fitted["fit"] = {"points": err["points"], "median_error": err["median"], "worst_error": err["worst"]}
+        # NOTE: least squares on the times is not least regret: a few constants shared by every
+        # collective can fit the times better and still rank two algorithms the wrong way round
+        # (docs/selector.md). Constants whose tables choose worse on the very points they were
+        # fitted to are not taken.
+        now, then = choice_regret(records, m, consts), choice_regret(records, m, {**consts, m: fitted})
+        if now is not None and then is not None and then > now + REGRET_SLACK:
+            notes.append(f"cuda_executor {m}: the fitted constants' tables choose worse on these points (regret mean "
+                         f"{then:.3f} against {now:.3f} with the current constants); kept the current constants")
+            continue
+        consts[m] = fitted
     return consts, notes
+
+
+def choice_regret(records, memory: str, consts: dict) -> float | None:
+    """Mean over the records' points over `memory` of the regret of the tables built from `consts`
+    (``regret``); None where no point has a choice."""
+    rs = [r for key, v in regret(records, consts).items() if key[0] == memory for _, r, *_ in v]
+    return sum(rs) / len(rs) if rs else None
 
 
 def regret(records, consts: dict) -> dict:

@@ -32,7 +32,10 @@ def test_tune_measures_the_gpu(tmp_path):
     for m in ("cuda_ipc", "host_mapped"):
         for pr in cuda_model.PROTOCOLS:
             assert prof["cuda"][m][pr]["fit"]["points"] > 0, (m, pr, done.stderr[-2000:])
-        assert prof["cuda_executor"][m]["fit"]["points"] > 0, (m, done.stderr[-2000:])
+        # fitted, unless its tables chose worse on these points than the shipped ones (kept, with a warning)
+        worse = f"cuda_executor {m}: the fitted constants' tables choose worse"
+        kept = any(w.startswith(worse) for w in prof["warnings"])
+        assert kept or prof["cuda_executor"][m]["fit"]["points"] > 0, (m, done.stderr[-2000:])
     points, executor = prof["cuda_points"]["cuda"], prof["cuda_points"]["cuda_executor"]
     nvshmem = [r for r in points if "nvshmem" in r["memory"].values()]
     kernels = [r for r in points if r not in nvshmem]

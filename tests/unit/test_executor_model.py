@@ -97,6 +97,27 @@ def test_too_few_points_keep_the_defaults():
     assert consts["cuda_ipc"] == KNOWN and consts["host_mapped"] == executor_model.DEFAULT["host_mapped"]
 
 
+def test_fitted_constants_that_choose_worse_are_not_taken():
+    """Times the constants cannot follow (reduce's binomial tree at a fifth of what KNOWN predicts):
+    least squares moves every constant to meet them, and its tables then choose worse on these very
+    points than KNOWN's do. The fit keeps the current constants and says so; where the fitted ones
+    choose as well, they are taken."""
+    recs = records()
+    for r in recs:
+        if r["collective"] == "reduce" and r["backend"] == "tilecomm:binomial_tree":
+            r["time_us"] *= 0.2
+    base = executor_model.constants({"cuda_executor": {"cuda_ipc": KNOWN}})
+    assert executor_model.choice_regret(recs, "cuda_ipc", base) == pytest.approx(1.0)
+    consts, notes = executor_model.fit(recs, {"cuda_ipc": KNOWN})
+    assert consts["cuda_ipc"] == KNOWN
+    worse = [n for n in notes if "choose worse" in n]
+    assert len(worse) == 1 and "cuda_executor cuda_ipc" in worse[0] and "against 1.000" in worse[0], notes
+    # exact times: the fitted constants (KNOWN again) choose as well as any, and are taken
+    consts, notes = executor_model.fit(records(), executor_model.DEFAULT)
+    assert consts["cuda_ipc"]["alpha_s"] == pytest.approx(KNOWN["alpha_s"], rel=1e-6)
+    assert not any("choose worse" in n for n in notes)
+
+
 def test_samples_skip_what_the_executor_did_not_time():
     """Failures, eager and CPU rows, the group's own choice, unknown and direct algorithms are not fitted."""
     good = {"collective": "all_reduce", "backend": "tilecomm:ring", "world": 4, "bytes": 1024, "time_us": 20.0,
