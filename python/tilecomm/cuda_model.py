@@ -183,9 +183,10 @@ def fit(records, base=None) -> tuple[dict, list[str]]:
     without enough points keep `base`'s (the shipped default). Returns (cuda section, warnings)."""
     import numpy as np  # noqa: PLC0415
 
-    from tilecomm.fit import bounded_lstsq, errors  # noqa: PLC0415
+    from tilecomm.fit import REGRET_SLACK, bounded_lstsq, errors  # noqa: PLC0415
 
     consts, notes = constants({"cuda": base or {}}), []
+    current = copy.deepcopy(consts)
     pts = samples(records)
     for m in MEMORIES:
         for pr in PROTOCOLS:
@@ -203,4 +204,40 @@ def fit(records, base=None) -> tuple[dict, list[str]]:
             consts[m][pr] = dict(zip(_KEYS, (float(v) for v in x)))
             err = errors(A @ x, t)
             consts[m][pr]["fit"] = {"points": err["points"], "median_error": err["median"], "worst_error": err["worst"]}
+        # NOTE: as executor_model.fit: constants whose thresholds choose worse on the very points they
+        # were fitted to are not taken (least squares on the times is not least regret).
+        now, then = _memory_regret(records, m, current), _memory_regret(records, m, consts)
+        if now is not None and then is not None and then > now + REGRET_SLACK:
+            notes.append(f"cuda {m}: the fitted constants' thresholds choose worse on these points (regret mean "
+                         f"{then:.3f} against {now:.3f} with the current constants); kept the current constants")
+            consts[m] = current[m]
     return consts, notes
+
+
+def _memory_regret(records, memory: str, consts: dict) -> float | None:
+    """Mean of ``regret`` over the records' points over `memory`; None where there are none."""
+    rs = [r for key, v in regret(records, consts).items() if key[0] == memory for _, r in v]
+    return sum(rs) / len(rs) if rs else None
+
+
+def regret(records, consts: dict) -> dict:
+    """{(memory, world): [(bytes, CUDA-graph time of the all_reduce kernel that the constants' thresholds
+    pick / the fastest of ll, one_shot and two_shot)]} over records where all three were measured over
+    one memory (the one each record names for its entries, as ``samples`` reads it); `consts` is a
+    ``cuda`` section."""
+    out, limits = {}, {}
+    for r in records:
+        p, n = int(r["world"]), int(r["bytes"])
+        for prefix in ("", "hm_"):
+            entries = {k: prefix + k for k in ("ll", "one_shot", "two_shot")}
+            memory = {r.get("memory", {}).get(e) for e in entries.values()}
+            times = {k: r.get(f"all_reduce:{e}:graph") for k, e in entries.items()}
+            if len(memory) != 1 or not all(isinstance(v, (int, float)) and v > 0 for v in times.values()):
+                continue
+            m = memory.pop()
+            t = limits.setdefault(p, thresholds({"cuda": consts}, p)).get(m)
+            if t is None or m == "nvshmem":  # no all_reduce kernel of these runs over NVSHMEM
+                continue
+            chosen = "ll" if n <= t["ll_bytes"] else "two_shot" if n >= t["two_shot_bytes"] else "one_shot"
+            out.setdefault((m, p), []).append((n, times[chosen] / min(times.values())))
+    return out

@@ -33,9 +33,6 @@ MEMORIES = ("cuda_ipc", "host_mapped")  # the executor's peer memories, in cuda:
 KEYS = ("alpha_s", "alpha_round_s", "alpha_step_s", "beta_s_per_byte")
 MAX_BYTES = (1 << 64) - 1
 MAX_RANKS = 16  # cuda::kMaxRanks: larger groups stage CUDA tensors through host memory
-# fit: fitted constants whose tables' mean regret on their own points exceeds the current ones' by
-# more than this are not taken (a smaller difference is a choice or two among near-equal times).
-REGRET_SLACK = 0.005
 
 # Fitted on one H200 shared by the ranks under MPS, from CUDA-graph replay of every scheduled algorithm
 # forced in turn (scripts/gpu-executor-algos): cuda_ipc at 2, 4 and 8 ranks
@@ -143,7 +140,7 @@ def fit(records, base=None) -> tuple[dict, list[str]]:
     points keeps `base`'s (else the shipped default's). Returns (cuda_executor section, warnings)."""
     import numpy as np  # noqa: PLC0415
 
-    from tilecomm.fit import bounded_lstsq, errors  # noqa: PLC0415
+    from tilecomm.fit import REGRET_SLACK, bounded_lstsq, errors  # noqa: PLC0415
 
     consts, notes = constants({"cuda_executor": base or {}}), []
     pts = samples(records)

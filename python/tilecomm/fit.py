@@ -34,6 +34,10 @@ POOR_FIT = 0.5  # relative RMS error above which a fit is reported as poor
 # round on a box with fewer cores than ranks (docs/selector.md), and latency corrections of 0.03-0.09
 # were fitted there.
 MIN_CORRECTION = 0.01
+# The GPU models' fits (cuda_model, executor_model) do not take fitted constants whose tables choose
+# worse on the very points they were fitted to than the current constants' do, by more than this
+# much mean regret (a smaller difference is a choice or two among near-equal times).
+REGRET_SLACK = 0.005
 
 
 class FitWarning(UserWarning):

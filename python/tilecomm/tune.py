@@ -532,7 +532,7 @@ def cuda_report(consts, records) -> str:
                 continue
             two = "never" if t["two_shot_bytes"] == cuda_model.NEVER else t["two_shot_bytes"]
             lines.append(f"| {p} | {m} | {t['ll_bytes']} | {two} |")
-    chosen = threshold_regret(records, consts)
+    chosen = cuda_model.regret(records, consts)
     if chosen:
         lines += ["", "| world | memory | all_reduce points | thresholds' regret mean | worst (bytes) |",
                   "|---|---|---|---|---|"]
@@ -573,28 +573,6 @@ def cuda_regret(records) -> dict:
             forced = [v for v in forced if isinstance(v, (int, float)) and v > 0]
             if forced:
                 out.setdefault((int(r["world"]), key), []).append((int(r["bytes"]), r[f"{key}:graph"] / min(forced)))
-    return out
-
-
-def threshold_regret(records, consts) -> dict:
-    """{(memory, world): [(bytes, CUDA-graph time of the all_reduce kernel that the constants' thresholds
-    pick / the fastest of ll, one_shot and two_shot)]} over records where all three were measured over
-    one memory (the one each record names for its entries, as ``cuda_model.samples`` reads it)."""
-    out, limits = {}, {}
-    for r in records:
-        p, n = int(r["world"]), int(r["bytes"])
-        for prefix in ("", "hm_"):
-            entries = {k: prefix + k for k in ("ll", "one_shot", "two_shot")}
-            memory = {r.get("memory", {}).get(e) for e in entries.values()}
-            times = {k: r.get(f"all_reduce:{e}:graph") for k, e in entries.items()}
-            if len(memory) != 1 or not all(isinstance(v, (int, float)) and v > 0 for v in times.values()):
-                continue
-            m = memory.pop()
-            t = limits.setdefault(p, cuda_model.thresholds({"cuda": consts}, p)).get(m)
-            if t is None or m == "nvshmem":  # no all_reduce kernel of these runs over NVSHMEM
-                continue
-            chosen = "ll" if n <= t["ll_bytes"] else "two_shot" if n >= t["two_shot_bytes"] else "one_shot"
-            out.setdefault((m, p), []).append((n, times[chosen] / min(times.values())))
     return out
 
 

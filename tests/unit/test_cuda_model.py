@@ -179,3 +179,17 @@ def test_nvshmem_thresholds_are_the_model_crossovers():
     # pull moves fewer bytes, and wins once the bytes dominate
     assert cuda_model.nvshmem_thresholds({"cuda": KNOWN}, 4)["all_gather_pull_bytes"] != cuda_model.NEVER
     assert cuda_model.nvshmem_thresholds({"cuda": KNOWN}, 2)["all_gather_pull_bytes"] == cuda_model.NEVER
+
+
+def test_fitted_constants_whose_thresholds_choose_worse_are_not_taken():
+    """two_shot at 0.3x of what KNOWN predicts over GPU memory: the two protocols' fits together move
+    the thresholds so that they choose worse on these very points than KNOWN's; that memory keeps the
+    current constants, with a warning, and host memory (whose times follow KNOWN) takes its fit."""
+    recs = records(KNOWN, sizes=(8, 1024, 16384, 65536, 262144, 1 << 20, 4 << 20))
+    for r in recs:
+        r["all_reduce:two_shot:graph"] *= 0.3
+    consts, notes = cuda_model.fit(recs, KNOWN)
+    assert {pr: {k: v for k, v in c.items() if k != "fit"} for pr, c in consts["cuda_ipc"].items()} == KNOWN["cuda_ipc"]
+    worse = [n for n in notes if "choose worse" in n]
+    assert len(worse) == 1 and worse[0].startswith("cuda cuda_ipc: the fitted constants' thresholds"), notes
+    assert all("fit" in consts["host_mapped"][pr] for pr in cuda_model.PROTOCOLS)

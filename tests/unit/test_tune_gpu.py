@@ -263,7 +263,7 @@ def test_nvshmem_regret_scores_the_thresholds_choice():
                    (2, "reduce_scatter"): [(64, 1.5)]}
 
 
-def test_threshold_regret_scores_the_thresholds_choice():
+def test_cuda_regret_scores_the_thresholds_choice():
     consts = cuda_model.constants({"cuda": KERNEL_KNOWN})
     t = cuda_model.thresholds({"cuda": consts}, 2)["cuda_ipc"]
     assert 0 < t["ll_bytes"] and 2 * t["ll_bytes"] < t["two_shot_bytes"]  # the cases below rely on both
@@ -276,7 +276,7 @@ def test_threshold_regret_scores_the_thresholds_choice():
             rec(8, 6.0, 3.0, 8.0),  # LL picked, one_shot faster
             rec(1 << 20, 9.0, 6.0, "failed"),  # skipped: a kernel was not measured
             rec(t["ll_bytes"] * 2, 4.0, 8.0, 9.0)]  # past the LL limit: the simple kernel, twice LL's time
-    got = tune.threshold_regret(recs, consts)
+    got = cuda_model.regret(recs, consts)
     assert got == {("cuda_ipc", 2): [(8, 1.0), (8, 2.0), (t["ll_bytes"] * 2, 2.0)]}
 
 
