@@ -32,7 +32,8 @@ def test_tune_measures_the_gpu(tmp_path):
     # Each section is fitted, unless its thresholds or tables chose worse on these points than the
     # shipped constants' (those are kept, with a warning).
     def kept(section, m):
-        return any(w.startswith(f"{section} {m}: the fitted constants'") and "choose worse" in w for w in prof["warnings"])
+        head = f"{section} {m}: the fitted constants'"
+        return any(w.startswith(head) and "choose worse" in w for w in prof["warnings"])
 
     for m in ("cuda_ipc", "host_mapped"):
         for pr in cuda_model.PROTOCOLS:
