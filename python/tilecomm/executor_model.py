@@ -140,7 +140,7 @@ def fit(records, base=None) -> tuple[dict, list[str]]:
     points keeps `base`'s (else the shipped default's). Returns (cuda_executor section, warnings)."""
     import numpy as np  # noqa: PLC0415
 
-    from tilecomm.fit import REGRET_SLACK, bounded_lstsq, errors  # noqa: PLC0415
+    from tilecomm.fit import REGRET_SLACK, bounded_lstsq, errors, mean_regret  # noqa: PLC0415
 
     consts, notes = constants({"cuda_executor": base or {}}), []
     pts = samples(records)
@@ -161,20 +161,14 @@ def fit(records, base=None) -> tuple[dict, list[str]]:
         # collective can fit the times better and still rank two algorithms the wrong way round
         # (docs/selector.md). Constants whose tables choose worse on the very points they were
         # fitted to are not taken.
-        now, then = choice_regret(records, m, consts), choice_regret(records, m, {**consts, m: fitted})
+        now = mean_regret(regret(records, consts), m)
+        then = mean_regret(regret(records, {**consts, m: fitted}), m)
         if now is not None and then is not None and then > now + REGRET_SLACK:
             notes.append(f"cuda_executor {m}: the fitted constants' tables choose worse on these points (regret mean "
                          f"{then:.3f} against {now:.3f} with the current constants); kept the current constants")
             continue
         consts[m] = fitted
     return consts, notes
-
-
-def choice_regret(records, memory: str, consts: dict) -> float | None:
-    """Mean over the records' points over `memory` of the regret of the tables built from `consts`
-    (``regret``); None where no point has a choice."""
-    rs = [r for key, v in regret(records, consts).items() if key[0] == memory for _, r, *_ in v]
-    return sum(rs) / len(rs) if rs else None
 
 
 def regret(records, consts: dict) -> dict:

@@ -40,6 +40,13 @@ MIN_CORRECTION = 0.01
 REGRET_SLACK = 0.005
 
 
+def mean_regret(regrets: dict, memory: str) -> float | None:
+    """The mean regret over a GPU model's ``regret`` dict ({(memory, ...): [(bytes, regret, ...)]}) at
+    the keys of one peer memory; None where there is none."""
+    rs = [e[1] for key, entries in regrets.items() if key[0] == memory for e in entries]
+    return sum(rs) / len(rs) if rs else None
+
+
 class FitWarning(UserWarning):
     """A fit fell back to defaults, was clamped, or fits its points poorly."""
 
