@@ -183,7 +183,7 @@ def fit(records, base=None) -> tuple[dict, list[str]]:
     without enough points keep `base`'s (the shipped default). Returns (cuda section, warnings)."""
     import numpy as np  # noqa: PLC0415
 
-    from tilecomm.fit import REGRET_SLACK, bounded_lstsq, errors, mean_regret  # noqa: PLC0415
+    from tilecomm.fit import bounded_lstsq, chooses_worse, errors  # noqa: PLC0415
 
     consts, notes = constants({"cuda": base or {}}), []
     current = copy.deepcopy(consts)
@@ -204,12 +204,10 @@ def fit(records, base=None) -> tuple[dict, list[str]]:
             consts[m][pr] = dict(zip(_KEYS, (float(v) for v in x)))
             err = errors(A @ x, t)
             consts[m][pr]["fit"] = {"points": err["points"], "median_error": err["median"], "worst_error": err["worst"]}
-        # NOTE: as executor_model.fit: constants whose thresholds choose worse on the very points they
-        # were fitted to are not taken (least squares on the times is not least regret).
-        now, then = mean_regret(regret(records, current), m), mean_regret(regret(records, consts), m)
-        if now is not None and then is not None and then > now + REGRET_SLACK:
-            notes.append(f"cuda {m}: the fitted constants' thresholds choose worse on these points (regret mean "
-                         f"{then:.3f} against {now:.3f} with the current constants); kept the current constants")
+        # Constants whose thresholds choose worse on the very points they were fitted to are not taken.
+        worse = chooses_worse(regret, records, m, current, consts, ("cuda", "thresholds"))
+        if worse:
+            notes.append(worse)
             consts[m] = current[m]
     return consts, notes
 

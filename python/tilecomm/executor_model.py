@@ -140,7 +140,7 @@ def fit(records, base=None) -> tuple[dict, list[str]]:
     points keeps `base`'s (else the shipped default's). Returns (cuda_executor section, warnings)."""
     import numpy as np  # noqa: PLC0415
 
-    from tilecomm.fit import REGRET_SLACK, bounded_lstsq, errors, mean_regret  # noqa: PLC0415
+    from tilecomm.fit import bounded_lstsq, chooses_worse, errors  # noqa: PLC0415
 
     consts, notes = constants({"cuda_executor": base or {}}), []
     pts = samples(records)
@@ -157,15 +157,11 @@ def fit(records, base=None) -> tuple[dict, list[str]]:
         err = errors(A @ x, t)
         fitted = dict(zip(KEYS, (float(v) for v in x)))
         fitted["fit"] = {"points": err["points"], "median_error": err["median"], "worst_error": err["worst"]}
-        # NOTE: least squares on the times is not least regret: a few constants shared by every
-        # collective can fit the times better and still rank two algorithms the wrong way round
-        # (docs/selector.md). Constants whose tables choose worse on the very points they were
-        # fitted to are not taken.
-        now = mean_regret(regret(records, consts), m)
-        then = mean_regret(regret(records, {**consts, m: fitted}), m)
-        if now is not None and then is not None and then > now + REGRET_SLACK:
-            notes.append(f"cuda_executor {m}: the fitted constants' tables choose worse on these points (regret mean "
-                         f"{then:.3f} against {now:.3f} with the current constants); kept the current constants")
+        # Constants whose tables choose worse on the very points they were fitted to are not taken
+        # (docs/selector.md).
+        worse = chooses_worse(regret, records, m, consts, {**consts, m: fitted}, ("cuda_executor", "tables"))
+        if worse:
+            notes.append(worse)
             continue
         consts[m] = fitted
     return consts, notes

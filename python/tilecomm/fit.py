@@ -36,7 +36,7 @@ POOR_FIT = 0.5  # relative RMS error above which a fit is reported as poor
 MIN_CORRECTION = 0.01
 # The GPU models' fits (cuda_model, executor_model) do not take fitted constants whose tables choose
 # worse on the very points they were fitted to than the current constants' do, by more than this
-# much mean regret (a smaller difference is a choice or two among near-equal times).
+# much mean regret (a smaller difference is a choice or two among near-equal times): chooses_worse.
 REGRET_SLACK = 0.005
 
 
@@ -45,6 +45,20 @@ def mean_regret(regrets: dict, memory: str) -> float | None:
     the keys of one peer memory; None where there is none."""
     rs = [e[1] for key, entries in regrets.items() if key[0] == memory for e in entries]
     return sum(rs) / len(rs) if rs else None
+
+
+def chooses_worse(regret, records, memory: str, current: dict, fitted: dict, what: tuple[str, str]) -> str | None:
+    """The warning to give where the constants `fitted` choose worse on `records` over `memory` than
+    `current` by more than REGRET_SLACK of mean regret (``regret(records, constants)``: a GPU model's),
+    else None. `what` names the section and what chooses, e.g. ("cuda_executor", "tables")."""
+    # NOTE: least squares on the times is not least regret: a few constants shared by every kernel
+    # or schedule can fit the times better and still rank two of them the wrong way round.
+    now, then = mean_regret(regret(records, current), memory), mean_regret(regret(records, fitted), memory)
+    if now is None or then is None or then <= now + REGRET_SLACK:
+        return None
+    section, chooser = what
+    return (f"{section} {memory}: the fitted constants' {chooser} choose worse on these points (regret mean "
+            f"{then:.3f} against {now:.3f} with the current constants); kept the current constants")
 
 
 class FitWarning(UserWarning):
