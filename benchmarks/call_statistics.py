@@ -3,8 +3,9 @@
     python benchmarks/call_statistics.py --world 8 --collective broadcast --algos binomial_tree,pipelined_chain -b 2K
 
 Spawns the ranks itself. Each algorithm runs in a group of its own (``TILECOMM_ALGO``), and each
-pass times every algorithm once, interleaved, exactly as ``python -m tilecomm.tune`` times a point
-(``bench.time_case``: a barrier, ``-w`` warm-up calls, ``-n`` back-to-back calls). Per algorithm it
+pass times every algorithm once as ``python -m tilecomm.tune`` times a point (``bench.time_case``: a
+barrier, ``-w`` warm-up calls, ``-n`` back-to-back calls). The passes here run back to back at one
+size; tune's sweep the other sizes in between (docs/selector.md, "Tuning"). Per algorithm it
 prints, over the passes, the two figures time_case gives: the median over the calls of one call's
 time (the slowest rank's at each call), and the loop's wall time divided by ``-n`` (the slowest
 rank's), which is nccl-tests' time and the one tune keeps; with the least and the spread of each.
