@@ -180,7 +180,7 @@ SETTINGS = [
     Setting(
         "TILECOMM_CUDA_REGISTER_BYTES",
         int,
-        8388608,
+        4194304,
         "Over cuda_ipc: all_reduce messages of at least this many bytes (with `TILECOMM_CUDA_ALLREDUCE=auto`) "
         "register the ranks' tensors (each rank's CUDA allocation exported, and opened once by every peer, "
         "cached) and run the two-shot kernel on them in place, with no staging copy; all_gather outputs of at "

@@ -14,6 +14,9 @@ gpu_harness.skip_without_gpu()
 
 import pytest  # noqa: E402
 
+from tilecomm import settings  # noqa: E402
+
+REGISTER_BYTES = settings.value("TILECOMM_CUDA_REGISTER_BYTES", {})  # the default
 WORLDS = [int(w) for w in os.environ.get("TILECOMM_TEST_GPU_WORLDS", "2,4").split(",") if w]
 
 # TILECOMM_* environments of the pools: how all_reduce runs on CUDA tensors.
@@ -101,11 +104,11 @@ A2A_REGISTERED = {"TILECOMM_CUDA_ALLTOALL": "registered"}
 @pytest.mark.parametrize("config", ["auto", "host_mapped", "alltoall_registered"])
 @pytest.mark.parametrize("world", WORLDS + [3])
 def test_all_to_all_on_the_gpu(pools, world, config):
-    # With TILECOMM_CUDA_ALLTOALL=registered, equal blocks from TILECOMM_CUDA_REGISTER_BYTES (8 MiB)
+    # With TILECOMM_CUDA_ALLTOALL=registered, equal blocks from TILECOMM_CUDA_REGISTER_BYTES (its default)
     # of output are pushed into registered outputs over cuda_ipc; otherwise, and over host_mapped
     # (no peer addresses of device memory), the FIFO kernel runs.
     env = A2A_REGISTERED if config == "alltoall_registered" else CONFIGS[config]
-    pools.run(world, env, "alltoall_cases", register_from=(8 << 20) if config == "alltoall_registered" else 0)
+    pools.run(world, env, "alltoall_cases", register_from=REGISTER_BYTES if config == "alltoall_registered" else 0)
 
 
 @pytest.mark.parametrize("config", ["auto", "p2p_staged", "host_mapped"])

@@ -97,7 +97,7 @@ def test_register_bytes_per_collective():
 
     cfg = settings.resolve({})
     size = cfg["TILECOMM_CUDA_REGISTER_BYTES"]
-    assert size == 8 << 20
+    assert size == 4 << 20
     assert _backend.register_bytes(cfg, {}) == [size, size, 0]
     assert _backend.register_bytes(cfg, selector.parse_forced("all_reduce:ring")) == [size, size, 0]
     assert _backend.register_bytes(cfg, selector.parse_forced("all_gather:ring")) == [size, 0, 0]
