@@ -105,7 +105,7 @@ else:
 setup(
     packages=find_packages("python"),
     package_dir={"": "python"},
-    package_data={"tilecomm": ["profiles/*.json"]},
+    package_data={"tilecomm": ["profiles/*.json", "executor_corrections.json"]},
     ext_modules=[ext],
     cmdclass={"build_ext": BuildExtension},
 )

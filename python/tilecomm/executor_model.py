@@ -20,10 +20,19 @@ peer memory: ``cuda_ipc`` (GPU memory) or ``host_mapped`` (shared host memory ov
 live in the profile's ``cuda_executor`` section, the shipped default's or one fitted by ``python
 -m tilecomm.tune --executor-from``. Reductions on the GPU are part of beta (the executor reduces
 a slice as it copies it).
+
+As on the CPU, each algorithm may carry two scale factors per world size where it was measured
+(a memory's ``corrections``): ``latency`` on the three alpha terms and ``bandwidth`` on the wire
+term. Four constants shared by every schedule rank some algorithms the wrong way round (at 8 ranks
+the ``steps * p`` term prices all_gather's direct schedule above recursive doubling, which
+measured up to 3.6x slower); the factors are fitted per algorithm on its own times, and
+``predict`` applies them.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from collections import defaultdict
 
 from tilecomm import algorithms, cuda_model
@@ -38,11 +47,22 @@ MAX_RANKS = 16  # cuda::kMaxRanks: larger groups stage CUDA tensors through host
 # forced in turn (scripts/gpu-executor-algos): cuda_ipc at 2, 4 and 8 ranks
 # (benchmarks/results/executor_algos_h200.jsonl), host_mapped (TILECOMM_TRANSPORT=host_mapped, shared
 # host memory) at 2 and 4 (..._host_mapped.jsonl); the fit, its errors and the regret: docs/benchmarks.md.
-DEFAULT = {
+_CONSTANTS = {
     "cuda_ipc": {"alpha_s": 1.1e-05, "alpha_round_s": 3.2e-06, "alpha_step_s": 3.2e-07, "beta_s_per_byte": 1.1e-11},
     "host_mapped": {"alpha_s": 2.0e-05, "alpha_round_s": 2.3e-05, "alpha_step_s": 7.5e-06,
                     "beta_s_per_byte": 6.5e-11},
 }
+
+
+def _shipped_corrections() -> dict:
+    """executor_corrections.json: every algorithm's corrections at 2, 4 and 8 ranks against the
+    constants above, fitted on GPU tune runs by benchmarks/executor_corrections.py (which scores
+    each run out of sample; docs/benchmarks.md)."""
+    with open(os.path.join(os.path.dirname(__file__), "executor_corrections.json")) as f:
+        return json.load(f)["corrections"]
+
+
+DEFAULT = {m: {**_CONSTANTS[m], "corrections": c} for m, c in _shipped_corrections().items()}
 
 
 def candidates(collective: str) -> list[algorithms.Algorithm]:
@@ -73,9 +93,24 @@ def row(algo: algorithms.Algorithm, p: int, nbytes: int, layout=None) -> list[fl
     return [1.0, float(rounds), float(steps * p), wire * nbytes]
 
 
+def correction(consts: dict, p: int, algo: algorithms.Algorithm) -> tuple[float, float]:
+    """(latency, bandwidth) factors of an algorithm at p ranks in one memory's constants; 1.0 where
+    none were fitted."""
+    c = consts.get("corrections", {}).get(str(p), {}).get(algo.name)
+    return (c["latency"], c["bandwidth"]) if c else (1.0, 1.0)
+
+
+def parts(algo: algorithms.Algorithm, p: int, nbytes: int, consts: dict, layout=None) -> list[float]:
+    """Predicted seconds of one executor call, term by term (call, rounds, steps, wire): the constants
+    of one memory (as ``constants`` gives them) times ``row``, with the algorithm's corrections."""
+    c_lat, c_bw = correction(consts, p, algo)
+    x = row(algo, p, nbytes, layout)
+    return [c_lat * consts[k] * v for k, v in zip(KEYS[:3], x[:3])] + [c_bw * consts[KEYS[3]] * x[3]]
+
+
 def predict(algo: algorithms.Algorithm, p: int, nbytes: int, consts: dict, layout=None) -> float:
     """Predicted seconds of one executor call (constants of one memory, as ``constants`` gives them)."""
-    return sum(c * x for c, x in zip((consts[k] for k in KEYS), row(algo, p, nbytes, layout)))
+    return sum(parts(algo, p, nbytes, consts, layout))
 
 
 def constants(profile) -> dict:
@@ -107,6 +142,20 @@ def check(section, where: str):
         if m not in MEMORIES or not isinstance(c, dict):
             raise ValueError(f"{where}: {m!r} is not one of {', '.join(MEMORIES)} with an object")
         cuda_model.check_constants(c, KEYS, f"{where}.{m}")
+        _check_corrections(c.get("corrections", {}), f"{where}.{m}.corrections")
+
+
+def _check_corrections(corrections, where: str):
+    names = {a.name for c in COLLECTIVES for a in candidates(c)}
+    if not isinstance(corrections, dict):
+        raise ValueError(f"{where}: expected an object")
+    for world, per_algo in corrections.items():
+        if not (isinstance(world, str) and world.isdigit() and int(world) >= 1) or not isinstance(per_algo, dict):
+            raise ValueError(f"{where}: key {world!r} is not a world size with an object")
+        for name, c in per_algo.items():
+            if name not in names or not isinstance(c, dict):
+                raise ValueError(f"{where}.{world}: {name!r} is not a scheduled algorithm with an object")
+            cuda_model.check_constants(c, ("latency", "bandwidth"), f"{where}.{world}.{name}")
 
 
 def _memory(record) -> str | None:
@@ -136,8 +185,10 @@ def samples(records) -> list[tuple[str, algorithms.Algorithm, int, int, float]]:
 
 
 def fit(records, base=None) -> tuple[dict, list[str]]:
-    """Least-squares constants (relative error) per memory from bench records; a memory without enough
-    points keeps `base`'s (else the shipped default's). Returns (cuda_executor section, warnings)."""
+    """Least-squares constants (relative error) per memory from bench records, then each measured
+    algorithm's corrections at each measured world size against them; a memory without enough points
+    keeps `base`'s constants (else the shipped default's), with its corrections at the world sizes
+    not measured. Returns (cuda_executor section, warnings)."""
     import numpy as np  # noqa: PLC0415
 
     from tilecomm.fit import bounded_lstsq, chooses_worse, errors  # noqa: PLC0415
@@ -158,13 +209,55 @@ def fit(records, base=None) -> tuple[dict, list[str]]:
         fitted = dict(zip(KEYS, (float(v) for v in x)))
         fitted["fit"] = {"points": err["points"], "median_error": err["median"], "worst_error": err["worst"]}
         # Constants whose tables choose worse on the very points they were fitted to are not taken
-        # (docs/selector.md).
-        worse = chooses_worse(regret, records, m, consts, {**consts, m: fitted}, ("cuda_executor", "tables"))
+        # (docs/selector.md); the comparison is without corrections on either side.
+        plain = {**consts, m: _uncorrected(consts[m])}
+        worse = chooses_worse(regret, records, m, plain, {**consts, m: fitted}, ("cuda_executor", "tables"))
         if worse:
             notes.append(worse)
             continue
-        consts[m] = fitted
+        consts[m] = fitted  # the current corrections belong to the current constants: dropped
+    consts, more = fit_corrections(records, consts)
+    return consts, notes + more
+
+
+def fit_corrections(records, base=None) -> tuple[dict, list[str]]:
+    """`base`'s constants (else the shipped default's) kept, with corrections fitted to the records
+    for every algorithm and world size they measured (replacing those world sizes' corrections).
+    Returns (cuda_executor section, warnings)."""
+    consts, notes = constants({"cuda_executor": base or {}}), []
+    pts = samples(records)
+    for m in MEMORIES:
+        rows = [(a, p, n, t) for mm, a, p, n, t in pts if mm == m]
+        if rows:
+            consts[m], more = _fit_corrections(rows, consts[m], m)
+            notes += more
     return consts, notes
+
+
+def _uncorrected(c: dict) -> dict:
+    return {k: v for k, v in c.items() if k != "corrections"}
+
+
+def _fit_corrections(rows, consts: dict, memory: str) -> tuple[dict, list[str]]:
+    """`consts` with corrections fitted (fit.fit_corrections) for every algorithm and world size of
+    `rows` [(algorithm, p, bytes, seconds)], replacing those of the same world sizes; warnings."""
+    import warnings  # noqa: PLC0415
+
+    from tilecomm import fit as fitting  # noqa: PLC0415
+
+    plain = _uncorrected(consts)
+    by: dict = defaultdict(list)
+    for a, p, n, t in rows:
+        x = parts(a, p, n, plain)
+        by[(p, a)].append((sum(x[:3]), x[3], t))
+    corrections = {w: dict(per) for w, per in consts.get("corrections", {}).items()
+                   if int(w) not in {p for p, _ in by}}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", fitting.FitWarning)
+        for (p, a), samples_ in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1].id)):
+            c, _ = fitting.fit_corrections(samples_, f"cuda_executor {memory} world {p} {a.name}")
+            corrections.setdefault(str(p), {})[a.name] = c
+    return {**plain, "corrections": corrections}, [str(w.message) for w in caught]
 
 
 def regret(records, consts: dict) -> dict:

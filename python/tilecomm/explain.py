@@ -139,7 +139,7 @@ def executor_candidate_lines(collective: str, world: int, nbytes: int, memory: s
     picked = selector.lookup(executor_model.build_table(collective, world, {}, consts), nbytes)
     rows = []
     for a in executor_model.candidates(collective):
-        parts = [c * x for c, x in zip((consts[k] for k in executor_model.KEYS), executor_model.row(a, world, nbytes))]
+        parts = executor_model.parts(a, world, nbytes, consts)
         rows.append((sum(parts), a.id, a, parts, executor_model.features(a, world)))
     rows.sort(key=lambda r: (r[0], r[1]))
     lines = [f"{collective} of {format_bytes(nbytes)} ({nbytes} B), world size {world}, schedule executor over "
@@ -148,9 +148,12 @@ def executor_candidate_lines(collective: str, world: int, nbytes: int, memory: s
              "  (rounds, steps, wire)"]
     for total, _, a, parts, (rounds, wire, steps) in rows:
         mark = "*" if a.id == picked.id else ""
+        c_lat, c_bw = executor_model.correction(consts, world, a)
+        fitted = f", corrected x{c_lat:.3g} / x{c_bw:.3g}" if (c_lat, c_bw) != (1.0, 1.0) else ""
         lines.append(f"  {mark:<2}{a.name:<34}{total * 1e6:>9.2f}" + "".join(f"{x * 1e6:>9.2f}" for x in parts)
-                     + f"  ({rounds}, {steps}, {wire:.3g})")
-    lines.append("  * = the executor's decision table's pick")
+                     + f"  ({rounds}, {steps}, {wire:.3g}{fitted})")
+    lines.append("  * = the executor's decision table's pick; corrected: the algorithm's latency (call, rounds, "
+                 "steps) and bandwidth factors at this world size")
     return lines
 
 

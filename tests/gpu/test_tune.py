@@ -39,6 +39,10 @@ def test_tune_measures_the_gpu(tmp_path):
         for pr in cuda_model.PROTOCOLS:
             assert kept("cuda", m) or prof["cuda"][m][pr]["fit"]["points"] > 0, (m, pr, done.stderr[-2000:])
         assert kept("cuda_executor", m) or prof["cuda_executor"][m]["fit"]["points"] > 0, (m, done.stderr[-2000:])
+        # every scheduled algorithm's corrections at both world sizes measured (executor_model.fit_corrections)
+        for w in ("2", "3"):
+            assert set(prof["cuda_executor"][m]["corrections"][w]) == {
+                a.name for c in executor_model.COLLECTIVES for a in executor_model.candidates(c)}, (m, w)
     points, executor = prof["cuda_points"]["cuda"], prof["cuda_points"]["cuda_executor"]
     nvshmem = [r for r in points if "nvshmem" in r["memory"].values()]
     kernels = [r for r in points if r not in nvshmem]

@@ -83,9 +83,14 @@ def test_fit_with_noise_stays_close():
 
 
 def test_too_few_points_keep_the_defaults():
-    """One world size cannot tell the terms apart; no records at all give the defaults."""
+    """One world size cannot tell the terms apart: the constants stay the default's, and only that world
+    size's corrections are fitted (the others' stay); no records at all give the defaults."""
     consts, notes = executor_model.fit(records(worlds=(4,)))
-    assert consts == executor_model.constants(None)
+    default = executor_model.constants(None)
+    assert consts["host_mapped"] == default["host_mapped"]
+    assert {k: consts["cuda_ipc"][k] for k in executor_model.KEYS} == {k: default["cuda_ipc"][k] for k in executor_model.KEYS}
+    got, shipped = consts["cuda_ipc"]["corrections"], default["cuda_ipc"]["corrections"]
+    assert got["2"] == shipped["2"] and got["8"] == shipped["8"] and got["4"] != shipped["4"]
     assert len(notes) == 2 and all("kept the current constants" in n for n in notes)
     assert "cuda_ipc" in notes[0] and "host_mapped" in notes[1]
     consts, notes = executor_model.fit([])
@@ -109,7 +114,10 @@ def test_fitted_constants_that_choose_worse_are_not_taken():
     base = executor_model.constants({"cuda_executor": {"cuda_ipc": KNOWN}})
     assert fit.mean_regret(executor_model.regret(recs, base), "cuda_ipc") == pytest.approx(1.0)
     consts, notes = executor_model.fit(recs, {"cuda_ipc": KNOWN})
-    assert consts["cuda_ipc"] == KNOWN
+    assert {k: consts["cuda_ipc"][k] for k in KNOWN} == KNOWN
+    # and the corrections then meet the tree's times: its factors at 0.2
+    tree = consts["cuda_ipc"]["corrections"]["4"]["reduce_binomial_tree"]
+    assert tree == pytest.approx({"latency": 0.2, "bandwidth": 0.2}, rel=1e-6)
     worse = [n for n in notes if "choose worse" in n]
     assert len(worse) == 1 and "cuda_executor cuda_ipc" in worse[0] and "against 1.000" in worse[0], notes
     # exact times: the fitted constants (KNOWN again) choose as well as any, and are taken
@@ -238,6 +246,15 @@ def test_check_rejects_bad_sections():
         ({"cuda_ipc": {**KNOWN, "beta_s_per_byte": math.inf}}, "beta_s_per_byte"),
         ({"host_mapped": {**KNOWN, "beta_s_per_byte": math.nan}}, "host_mapped.beta_s_per_byte"),
         ({"cuda_ipc": {**KNOWN, "alpha_s": "1e-6"}}, "alpha_s"),
+        ({"cuda_ipc": {**KNOWN, "corrections": []}}, "corrections: expected an object"),
+        ({"cuda_ipc": {**KNOWN, "corrections": {"x": {}}}}, "'x' is not a world size"),
+        ({"cuda_ipc": {**KNOWN, "corrections": {"0": {}}}}, "'0' is not a world size"),
+        ({"cuda_ipc": {**KNOWN, "corrections": {"4": {"allreduce_one_shot": {"latency": 1, "bandwidth": 1}}}}},
+         "'allreduce_one_shot' is not a scheduled algorithm"),
+        ({"cuda_ipc": {**KNOWN, "corrections": {"4": {"allreduce_ring": {"latency": -1, "bandwidth": 1}}}}},
+         "corrections.4.allreduce_ring.latency"),
+        ({"cuda_ipc": {**KNOWN, "corrections": {"4": {"allreduce_ring": {"latency": 1}}}}},
+         "corrections.4.allreduce_ring.bandwidth"),
     ):
         with pytest.raises(ValueError, match=what):
             executor_model.check(bad, "x")
@@ -337,3 +354,79 @@ def test_tune_executor_from_several_files(tmp_path, capsys, monkeypatch):
     assert prof["cuda_executor"]["cuda_ipc"]["beta_s_per_byte"] == pytest.approx(KNOWN["beta_s_per_byte"], rel=1e-6)
     assert prof["cuda_executor"]["cuda_ipc"]["fit"]["points"] == n_points()
     capsys.readouterr()
+
+
+def with_corrections(consts, corrections):
+    return {**consts, "corrections": corrections}
+
+
+def test_predict_applies_the_corrections():
+    """The latency factor scales the call, round and step terms, the bandwidth factor the wire term, of
+    that algorithm at that world size only."""
+    ring = algorithms.by_name("allreduce_ring")
+    c = with_corrections(KNOWN, {"4": {"allreduce_ring": {"latency": 0.5, "bandwidth": 3.0}}})
+    plain = executor_model.parts(ring, 4, 1000, KNOWN)
+    assert executor_model.parts(ring, 4, 1000, c) == pytest.approx([0.5 * x for x in plain[:3]] + [3.0 * plain[3]])
+    assert executor_model.predict(ring, 4, 1000, c) == pytest.approx(0.5 * sum(plain[:3]) + 3.0 * plain[3])
+    assert executor_model.predict(ring, 8, 1000, c) == executor_model.predict(ring, 8, 1000, KNOWN)
+    rd = algorithms.by_name("allreduce_recursive_doubling")
+    assert executor_model.predict(rd, 4, 1000, c) == executor_model.predict(rd, 4, 1000, KNOWN)
+
+
+def test_fit_corrections_recovers_known_factors():
+    """Times from KNOWN with all_gather's direct schedule at 8 ranks at 0.3x latency and 2x bandwidth:
+    the constants are kept, that algorithm's factors come back, every other's are 1."""
+    want = {"allgather_direct": {"latency": 0.3, "bandwidth": 2.0}}
+    truth = with_corrections(KNOWN, {"8": want})
+    section, notes = executor_model.fit_corrections(records(truth), {"cuda_ipc": KNOWN})
+    assert notes == []
+    got = section["cuda_ipc"]
+    assert {k: got[k] for k in KNOWN} == KNOWN
+    assert set(got["corrections"]) == {"2", "4", "8"}
+    for world, per_algo in got["corrections"].items():
+        for name, c in per_algo.items():
+            expect = want.get(name, {"latency": 1.0, "bandwidth": 1.0}) if world == "8" else {"latency": 1.0, "bandwidth": 1.0}
+            assert c["latency"] == pytest.approx(expect["latency"], rel=1e-6), (world, name)
+            assert c["bandwidth"] == pytest.approx(expect["bandwidth"], rel=1e-6), (world, name)
+    # the whole fit moves the constants towards the distorted times; the corrections against those still
+    # choose what the times choose at every point
+    recs = records(truth)
+    consts, _ = executor_model.fit(recs)
+    assert fit.mean_regret(executor_model.regret(recs, consts), "cuda_ipc") == pytest.approx(1.0)
+
+
+def test_corrections_follow_their_constants():
+    """Corrections belong to the constants they were fitted against: where the fit takes new constants,
+    the base's corrections at world sizes not measured are dropped; where it keeps them, they stay."""
+    base = {"cuda_ipc": with_corrections(executor_model.DEFAULT["cuda_ipc"],
+                                         {"16": {"allgather_ring": {"latency": 2.0, "bandwidth": 2.0}}})}
+    taken, _ = executor_model.fit(records(worlds=(2, 4)), base)
+    assert consts_of(taken) == pytest.approx(KNOWN) and set(taken["cuda_ipc"]["corrections"]) == {"2", "4"}
+    kept, _ = executor_model.fit(records(worlds=(4,)), base)
+    assert set(kept["cuda_ipc"]["corrections"]) == {"4", "16"}
+
+
+def consts_of(section):
+    return {k: section["cuda_ipc"][k] for k in KNOWN}
+
+
+def test_fit_corrections_degrades_with_a_warning():
+    """A point alone cannot give two factors: they stay 1.0, and a warning names the algorithm."""
+    one = [r for r in records(worlds=(4,), sizes=(8192,)) if r["collective"] == "all_reduce"]
+    section, notes = executor_model.fit_corrections(one, {"cuda_ipc": KNOWN})
+    assert section["cuda_ipc"]["corrections"]["4"]["allreduce_ring"] == {"latency": 1.0, "bandwidth": 1.0}
+    assert any("world 4 allreduce_ring" in n and "cannot determine" in n for n in notes), notes
+
+
+def test_shipped_corrections_turn_the_tables_at_8_ranks():
+    """The shipped default carries corrections at 2, 4 and 8 ranks for both memories. At 8 ranks over
+    host memory, the constants alone price all_gather's direct schedule above recursive doubling at
+    every small size (the steps * p term), which measured 2-3x slower there; the corrected table picks
+    direct."""
+    for m in executor_model.MEMORIES:
+        assert set(executor_model.DEFAULT[m]["corrections"]) == {"2", "4", "8"}
+    plain = {m: {k: v for k, v in c.items() if k != "corrections"} for m, c in executor_model.DEFAULT.items()}
+    corrected = executor_model.build_tables(8, {}, selector.DEFAULT_PROFILE)["host_mapped"]["all_gather"]
+    alone = executor_model.build_tables(8, {}, {"cuda_executor": plain})["host_mapped"]["all_gather"]
+    assert selector.lookup(alone, 128).name == "allgather_recursive_doubling"
+    assert selector.lookup(corrected, 128).name == "allgather_direct"
