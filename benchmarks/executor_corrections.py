@@ -37,9 +37,11 @@ def plain():
     return {m: {k: v for k, v in c.items() if k != "corrections"} for m, c in executor_model.DEFAULT.items()}
 
 
-def write(path, fitted_on, corrections):
-    """The corrections as JSON, one algorithm a line, factors to 4 significant digits."""
-    lines = ["{", f' "fitted_on": {json.dumps(fitted_on)},', ' "corrections": {']
+def write(path, fitted_on, constants, corrections):
+    """The corrections as JSON, one algorithm a line, factors to 4 significant digits, with the constants
+    they were fitted against."""
+    lines = ["{", f' "fitted_on": {json.dumps(fitted_on)},', f' "constants": {json.dumps(constants, sort_keys=True)},',
+             ' "corrections": {']
     for i, (memory, worlds) in enumerate(sorted(corrections.items())):
         lines.append(f'  "{memory}": {{')
         for j, (world, per_algo) in enumerate(sorted(worlds.items(), key=lambda kv: int(kv[0]))):
@@ -60,7 +62,10 @@ def main(argv=None):
     ap.add_argument("runs", nargs="+")
     ap.add_argument("-o", "--output", default="")
     args = ap.parse_args(argv)
-    runs = {os.path.basename(p): records(p) for p in args.runs}
+    names = [os.path.basename(p) for p in args.runs]
+    if len(set(names)) < len(names):
+        sys.exit("executor_corrections: two runs have the same file name; the table names runs by it")
+    runs = {name: records(p) for name, p in zip(names, args.runs)}
     empty = [name for name, recs in runs.items() if not executor_model.samples(recs)]
     if empty:
         sys.exit(f"executor_corrections: no executor records in {', '.join(empty)}")
@@ -77,7 +82,8 @@ def main(argv=None):
         section, notes = executor_model.fit_corrections([r for rs in runs.values() for r in rs], plain())
         for note in notes:
             print(f"warning: {note}", file=sys.stderr)
-        write(args.output, sorted(runs), {m: section[m]["corrections"] for m in executor_model.MEMORIES})
+        write(args.output, sorted(runs), {m: {k: c[k] for k in executor_model.KEYS} for m, c in plain().items()},
+              {m: section[m].get("corrections", {}) for m in executor_model.MEMORIES})
         print(f"\nwrote {args.output}")
 
 

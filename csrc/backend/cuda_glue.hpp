@@ -143,8 +143,8 @@ namespace tilecomm::backend {
 struct CudaSettings {
   std::string allreduce = "auto";  // auto | one_shot | two_shot | registered | scheduled | staged | nvshmem_two_shot
   uint64_t ipc_bytes = 4u << 20;   // largest all_reduce run by a direct kernel (per staging buffer)
-  uint64_t register_bytes = 8u << 20;  // all_reduce (auto) on registered tensors from this size (0: never)
-  uint64_t allgather_register_bytes = 8u << 20;  // all_gather into registered outputs (0: never, or forced)
+  uint64_t register_bytes = 4u << 20;  // all_reduce (auto) on registered tensors from this size (0: never)
+  uint64_t allgather_register_bytes = 4u << 20;  // all_gather into registered outputs (0: never, or forced)
   uint64_t alltoall_register_bytes = 0;  // equal-block all_to_all into registered outputs (0: never; fifo)
   int64_t timeout_ms = 30 * 60 * 1000;   // the group's timeout
   std::string proto = "auto";            // auto | ll | simple

@@ -31,6 +31,7 @@ measured up to 3.6x slower); the factors are fitted per algorithm on its own tim
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from collections import defaultdict
@@ -54,15 +55,19 @@ _CONSTANTS = {
 }
 
 
+SHIPPED_CORRECTIONS = os.path.join(os.path.dirname(__file__), "executor_corrections.json")
+
+
 def _shipped_corrections() -> dict:
     """executor_corrections.json: every algorithm's corrections at 2, 4 and 8 ranks against the
-    constants above, fitted on GPU tune runs by benchmarks/executor_corrections.py (which scores
-    each run out of sample; docs/benchmarks.md)."""
-    with open(os.path.join(os.path.dirname(__file__), "executor_corrections.json")) as f:
+    constants above (which the file names too, and a unit test compares), fitted on GPU tune runs
+    by benchmarks/executor_corrections.py (which scores each run out of sample; docs/benchmarks.md)."""
+    with open(SHIPPED_CORRECTIONS) as f:
         return json.load(f)["corrections"]
 
 
-DEFAULT = {m: {**_CONSTANTS[m], "corrections": c} for m, c in _shipped_corrections().items()}
+_SHIPPED = _shipped_corrections()
+DEFAULT = {m: {**c, "corrections": _SHIPPED.get(m, {})} for m, c in _CONSTANTS.items()}
 
 
 def candidates(collective: str) -> list[algorithms.Algorithm]:
@@ -114,9 +119,10 @@ def predict(algo: algorithms.Algorithm, p: int, nbytes: int, consts: dict, layou
 
 
 def constants(profile) -> dict:
-    """The profile's ``cuda_executor`` section, completed from the shipped default where it has no entry."""
+    """The profile's ``cuda_executor`` section, completed from the shipped default where it has no entry
+    (a copy: changing it changes neither)."""
     own = (profile or {}).get("cuda_executor", {})
-    return {m: dict(own.get(m) or DEFAULT[m]) for m in MEMORIES}
+    return {m: copy.deepcopy(own.get(m) or DEFAULT[m]) for m in MEMORIES}
 
 
 def build_table(collective: str, p: int, forced: dict[str, str], consts: dict, layout=None):
@@ -149,13 +155,17 @@ def _check_corrections(corrections, where: str):
     names = {a.name for c in COLLECTIVES for a in candidates(c)}
     if not isinstance(corrections, dict):
         raise ValueError(f"{where}: expected an object")
+    worlds = {str(p) for p in range(1, MAX_RANKS + 1)}
     for world, per_algo in corrections.items():
-        if not (isinstance(world, str) and world.isdigit() and int(world) >= 1) or not isinstance(per_algo, dict):
-            raise ValueError(f"{where}: key {world!r} is not a world size with an object")
+        if world not in worlds or not isinstance(per_algo, dict):
+            raise ValueError(f"{where}: key {world!r} is not a world size of 1 to {MAX_RANKS} with an object")
         for name, c in per_algo.items():
             if name not in names or not isinstance(c, dict):
                 raise ValueError(f"{where}.{world}: {name!r} is not a scheduled algorithm with an object")
-            cuda_model.check_constants(c, ("latency", "bandwidth"), f"{where}.{world}.{name}")
+            at = f"{where}.{world}.{name}"
+            cuda_model.check_constants(c, ("latency", "bandwidth"), at)
+            if not min(c["latency"], c["bandwidth"]) > 0:  # a factor of 0 would price the algorithm at nothing
+                raise ValueError(f"{at}: factors must be > 0")
 
 
 def _memory(record) -> str | None:
@@ -215,14 +225,19 @@ def fit(records, base=None) -> tuple[dict, list[str]]:
         if worse:
             notes.append(worse)
             continue
-        consts[m] = fitted  # the current corrections belong to the current constants: dropped
+        # the current corrections belong to the current constants: dropped
+        dropped = sorted(set(consts[m].get("corrections", {})) - {str(p) for _, p, _, _ in rows}, key=int)
+        if dropped:
+            notes.append(f"cuda_executor {m}: new constants; the corrections at world size(s) {', '.join(dropped)} "
+                         "belonged to the old ones and are dropped (tune at those sizes to fit them again)")
+        consts[m] = fitted
     consts, more = fit_corrections(records, consts)
     return consts, notes + more
 
 
 def fit_corrections(records, base=None) -> tuple[dict, list[str]]:
     """`base`'s constants (else the shipped default's) kept, with corrections fitted to the records
-    for every algorithm and world size they measured (replacing those world sizes' corrections).
+    for every algorithm and world size they measured (replacing those; the others stay).
     Returns (cuda_executor section, warnings)."""
     consts, notes = constants({"cuda_executor": base or {}}), []
     pts = samples(records)
@@ -240,7 +255,7 @@ def _uncorrected(c: dict) -> dict:
 
 def _fit_corrections(rows, consts: dict, memory: str) -> tuple[dict, list[str]]:
     """`consts` with corrections fitted (fit.fit_corrections) for every algorithm and world size of
-    `rows` [(algorithm, p, bytes, seconds)], replacing those of the same world sizes; warnings."""
+    `rows` [(algorithm, p, bytes, seconds)], replacing those; warnings."""
     import warnings  # noqa: PLC0415
 
     from tilecomm import fit as fitting  # noqa: PLC0415
@@ -250,8 +265,7 @@ def _fit_corrections(rows, consts: dict, memory: str) -> tuple[dict, list[str]]:
     for a, p, n, t in rows:
         x = parts(a, p, n, plain)
         by[(p, a)].append((sum(x[:3]), x[3], t))
-    corrections = {w: dict(per) for w, per in consts.get("corrections", {}).items()
-                   if int(w) not in {p for p, _ in by}}
+    corrections = copy.deepcopy(consts.get("corrections", {}))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", fitting.FitWarning)
         for (p, a), samples_ in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1].id)):

@@ -154,6 +154,8 @@ def test_cuda_prints_the_executors_tables(capsys, memory):
         algo = algorithms.by_name(name)
         assert float(total) == pytest.approx(executor_model.predict(algo, 8, 32768, consts) * 1e6, abs=0.01)
         assert sum(map(float, parts)) == pytest.approx(float(total), abs=0.05)
+        c_lat, c_bw = executor_model.correction(consts, 8, algo)  # the shipped default has them at 8
+        assert f"corrected x{c_lat:.3g} / x{c_bw:.3g})" in line and (c_lat, c_bw) != (1.0, 1.0)
         totals.append(float(total))
     assert totals == sorted(totals)
     picked = selector.lookup(table, 32768)
