@@ -709,10 +709,10 @@ void CudaGroup::exchange(void* all, uint64_t each, int64_t timeout_ms) {
 char* CudaGroup::peerAllocation(cudaStream_t stream, int q, uint64_t base, uint64_t id,
                                  const cudaIpcMemHandle_t& handle, bool retire) {
   std::lock_guard<std::mutex> lk(mapped_mu_);
-  RelaxedCapture relaxed;
   auto it = mapped_.find({q, base});
+  if (it != mapped_.end() && it->second.first == id) return it->second.second;  // every call's path: no CUDA call
+  RelaxedCapture relaxed;  // closing and opening, which a global-mode capture forbids
   if (it != mapped_.end()) {
-    if (it->second.first == id) return it->second.second;
     // A new allocation at a known address: the old one was freed. Earlier kernels and copies may
     // still read the old mapping.
     if (retire) {
