@@ -3,7 +3,7 @@
     python benchmarks/executor_corrections.py RUN.json [RUN.json ...] [-o python/tilecomm/executor_corrections.json]
 
 Each RUN.json is a profile written by ``python -m tilecomm.tune --device cuda`` (its ``cuda_points``
-keep the executor's forced-algorithm records). The shipped constants (``executor_model.DEFAULT``) are
+keep the executor's forced-algorithm records). The shipped constants (``executor_model.CONSTANTS``) are
 kept; every algorithm's latency and bandwidth corrections at every world size measured are fitted
 (``executor_model.fit_corrections``). Each run is then left out in turn: corrections fitted on the
 others, scored on it against the constants without corrections (the decision tables' regret: the
@@ -31,10 +31,6 @@ def scores(recs, section):
     for (memory, world, _), entries in executor_model.regret(recs, section).items():
         out[(memory, world)] += [e[1] for e in entries]
     return {k: (sum(v) / len(v), max(v)) for k, v in out.items()}
-
-
-def plain():
-    return {m: {k: v for k, v in c.items() if k != "corrections"} for m, c in executor_model.DEFAULT.items()}
 
 
 def write(path, fitted_on, constants, corrections):
@@ -73,16 +69,17 @@ def main(argv=None):
     print("| --- | --- | ---: | ---: | ---: |")
     for name, recs in runs.items():
         others = [r for other, rs in runs.items() if other != name for r in rs]
-        section, _ = executor_model.fit_corrections(others, plain())
-        before, after = scores(recs, plain()), scores(recs, section)
+        section, _ = executor_model.fit_corrections(others, executor_model.CONSTANTS)
+        before, after = scores(recs, executor_model.CONSTANTS), scores(recs, section)
         for key in sorted(before):
             (b_mean, b_worst), (a_mean, a_worst) = before[key], after[key]
             print(f"| {name} | {key[0]} | {key[1]} | {b_mean:.3f} / {b_worst:.2f} | {a_mean:.3f} / {a_worst:.2f} |")
     if args.output:
-        section, notes = executor_model.fit_corrections([r for rs in runs.values() for r in rs], plain())
+        every = [r for rs in runs.values() for r in rs]
+        section, notes = executor_model.fit_corrections(every, executor_model.CONSTANTS)
         for note in notes:
             print(f"warning: {note}", file=sys.stderr)
-        write(args.output, sorted(runs), {m: {k: c[k] for k in executor_model.KEYS} for m, c in plain().items()},
+        write(args.output, sorted(runs), executor_model.CONSTANTS,
               {m: section[m].get("corrections", {}) for m in executor_model.MEMORIES})
         print(f"\nwrote {args.output}")
 

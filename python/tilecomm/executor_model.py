@@ -48,7 +48,7 @@ MAX_RANKS = 16  # cuda::kMaxRanks: larger groups stage CUDA tensors through host
 # forced in turn (scripts/gpu-executor-algos): cuda_ipc at 2, 4 and 8 ranks
 # (benchmarks/results/executor_algos_h200.jsonl), host_mapped (TILECOMM_TRANSPORT=host_mapped, shared
 # host memory) at 2 and 4 (..._host_mapped.jsonl); the fit, its errors and the regret: docs/benchmarks.md.
-_CONSTANTS = {
+CONSTANTS = {  # without corrections
     "cuda_ipc": {"alpha_s": 1.1e-05, "alpha_round_s": 3.2e-06, "alpha_step_s": 3.2e-07, "beta_s_per_byte": 1.1e-11},
     "host_mapped": {"alpha_s": 2.0e-05, "alpha_round_s": 2.3e-05, "alpha_step_s": 7.5e-06,
                     "beta_s_per_byte": 6.5e-11},
@@ -67,7 +67,7 @@ def _shipped_corrections() -> dict:
 
 
 _SHIPPED = _shipped_corrections()
-DEFAULT = {m: {**c, "corrections": _SHIPPED.get(m, {})} for m, c in _CONSTANTS.items()}
+DEFAULT = {m: {**c, "corrections": _SHIPPED.get(m, {})} for m, c in CONSTANTS.items()}
 
 
 def candidates(collective: str) -> list[algorithms.Algorithm]:

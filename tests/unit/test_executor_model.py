@@ -467,7 +467,7 @@ def test_shipped_corrections_turn_the_tables_at_8_ranks():
     picks direct."""
     for m in executor_model.MEMORIES:
         assert set(executor_model.DEFAULT[m]["corrections"]) == {"2", "4", "8"}
-    plain = {m: {k: v for k, v in c.items() if k != "corrections"} for m, c in executor_model.DEFAULT.items()}
+    plain = executor_model.CONSTANTS
     corrected = executor_model.build_tables(8, {}, selector.DEFAULT_PROFILE)["host_mapped"]["all_gather"]
     alone = executor_model.build_tables(8, {}, {"cuda_executor": plain})["host_mapped"]["all_gather"]
     assert selector.lookup(alone, 128).name == "allgather_recursive_doubling"
