@@ -41,12 +41,7 @@ uint64_t allReduceDirect(DirectAlgo algo, PeerTransport& t, void* data, uint64_t
   if (ll) {
     launchOneShotLL(a, llGrid(nvec, t.blockBudget(), t.memory()), dtype, op, stream);
   } else {
-    // Note [Simple grid]: over GPU memory a block per kThreads vectors (8 KiB), up to the budget.
-    // With a block per 128 KiB, one SM did all of a call up to 128 KiB: on one H100 with 4 ranks,
-    // one_shot took 14.1 us at 256 KiB and 7.4 with the wider grid (graph replay). Over
-    // host_mapped, where every load crosses PCIe, the blocks stay few, as the LL ones do.
-    const uint64_t per_block = t.memory() == PeerMemory::kHostMapped ? 4 * kUnroll * kThreads : kThreads;
-    const int blocks = static_cast<int>(std::clamp<uint64_t>((nvec + per_block - 1) / per_block, 1, t.blockBudget()));
+    const int blocks = simpleGrid(nvec, t.blockBudget(), t.memory());  // Note [Simple grid]
     if (algo == DirectAlgo::kOneShot) launchOneShot(a, blocks, dtype, op, stream);
     else launchTwoShot(a, blocks, dtype, op, stream);
   }

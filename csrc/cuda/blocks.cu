@@ -26,14 +26,8 @@ namespace {
 /// Thread blocks of a kernel whose walk spans `span` bytes (all_reduce: of each part; Note [Grid walk]).
 // NOTE: the grid depends on the size only, so every rank's block b covers the same vectors and
 // raises and waits on the same flags; the budget keeps all ranks' kernels resident.
-// A block per kThreads vectors (8 KiB), as the simple direct kernels over GPU memory (Note [Simple
-// grid] in allreduce.cu). With a block per 128 KiB, the registered two-shot at 4 ranks had 2
-// blocks per rank at 1 MiB and 8 at 4 MiB: 25.7 and 25.5 us on one H100 under graph replay,
-// against 13.5 and 17.0 with this grid (docs/benchmarks.md, "The block kernels' grid").
-int gridFor(const PeerTransport& t, uint64_t span) {
-  const uint64_t per_block = 16 * kThreads;
-  return static_cast<int>(std::clamp<uint64_t>((span + per_block - 1) / per_block, 1, t.blockBudget()));
-}
+// The simple kernels' grid (Note [Simple grid] in primitives.cuh); their memory is never host_mapped.
+int gridFor(const PeerTransport& t, uint64_t span) { return simpleGrid((span + 15) / 16, t.blockBudget(), t.memory()); }
 
 void checkLaunch(const char* what) {
   cudaError_t e = cudaGetLastError();

@@ -308,6 +308,18 @@ inline LLGrid llGrid(uint64_t nvec, int budget, PeerMemory memory) {
   return {static_cast<int>(blocks), static_cast<int>(std::clamp<uint64_t>(warps * 32, 32, kThreads))};
 }
 
+/// Note [Simple grid]: the simple kernels' and the block kernels' grid over nvec 16-byte vectors.
+/// Over GPU memory a block per kThreads vectors (8 KiB), up to the budget. With a block per 128 KiB,
+/// one SM did all of a call up to 128 KiB: on one H100 with 4 ranks, one_shot took 14.1 us at 256
+/// KiB and 7.4 with the wider grid, and the registered two-shot (a block per 128 KiB of a part) 25.7
+/// and 25.5 us at 1 and 4 MiB against 13.5 and 17.0 (graph replay; docs/benchmarks.md). Over
+/// host_mapped, where every load crosses PCIe, the blocks stay few (a block per 128 KiB), as the LL
+/// ones do.
+inline int simpleGrid(uint64_t nvec, int budget, PeerMemory memory) {
+  const uint64_t per_block = memory == PeerMemory::kHostMapped ? 4 * kUnroll * kThreads : kThreads;
+  return static_cast<int>(std::clamp<uint64_t>((nvec + per_block - 1) / per_block, 1, std::max(budget, 1)));
+}
+
 /// Note [LL batches]: a receiver that polled its peers in turn paid one round trip to memory per
 /// peer even when every line was there. llRecvBatch issues the loads of up to kLLBatch peers'
 /// lines together (one round trip for all of them), then polls again only those not yet arrived.
