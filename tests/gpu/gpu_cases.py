@@ -1526,6 +1526,8 @@ def spawn_nvshmem(rank, world, port, configs, dtypes, ops, sizes, large=()):
         else:
             report[name] = _nvshmem_calls(rank, world, gloo, g, narrower.get("dtypes", dtypes),
                                           narrower.get("ops", ops), sizes, expect, name, in_place, large)
+            if name in ("auto", "push"):
+                _nvshmem_graph(rank, world, g, forced=name == "push")
         if rank == 0:
             print(f"spawn_nvshmem world={world}: {name} done at {time.monotonic() - start:.0f} s, "
                   f"{len(_FAILURES)} failed checks so far", flush=True)
@@ -1537,6 +1539,43 @@ def spawn_nvshmem(rank, world, port, configs, dtypes, ops, sizes, large=()):
     dist.destroy_process_group()
     finish()
     return report
+
+
+def _nvshmem_graph(rank, world, g, forced, n=1031, replays=5):
+    """Under CUDA graph capture: unforced, a reduce_scatter that runs NVSHMEM's kernel eagerly is
+    captured on the schedule executor and its replays give the closed form; forced (all_gather and
+    reduce_scatter pushed by TILECOMM_ALGO), the capture is refused, saying why, and the group
+    still works."""
+    be = g._get_backend(torch.device("cuda"))
+    inp = torch.empty(world * n, device=dev())
+    out = torch.empty(n, device=dev())
+    dist.reduce_scatter_tensor(out, inp.fill_(1.0), group=g)
+    ran = be.cuda_last_kernel()
+    check(ran.startswith("reducescatter_nvshmem"), f"eager reduce_scatter ran {ran!r}")
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    if forced:
+        try:
+            with torch.cuda.graph(graph):
+                dist.reduce_scatter_tensor(out, inp, group=g)
+            check(False, "a forced NVSHMEM reduce_scatter was captured without an error")
+        except Exception as e:  # noqa: BLE001  (the ValueError, possibly chained by the capture's end)
+            text = f"{e} {e.__context__}"
+            check("cannot be captured" in text and "nvshmem" in text, f"unclear capture error: {text}")
+        torch.cuda.synchronize()
+        dist.reduce_scatter_tensor(out, inp.fill_(2.0), group=g)
+        check_equal(out, torch.full((n,), 2.0 * world), "forced reduce_scatter after a refused capture")
+        return
+    with torch.cuda.graph(graph):
+        dist.reduce_scatter_tensor(out, inp, group=g)
+    for k in range(replays):
+        inp.copy_(torch.arange(world * n, dtype=torch.float32) + rank + k)
+        graph.replay()
+        want = world * (torch.arange(n, dtype=torch.float32) + rank * n + k) + world * (world - 1) // 2
+        check_equal(out, want, f"captured reduce_scatter, replay {k}")
+    check(be.cuda_last_kernel().startswith("schedule:"), f"captured reduce_scatter ran {be.cuda_last_kernel()!r}")
+    torch.cuda.synchronize()
+    del graph
 
 
 def _nvshmem_baselines(rank, world, timeout, n=1031):
