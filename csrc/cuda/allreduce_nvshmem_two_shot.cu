@@ -43,7 +43,7 @@ __global__ void __launch_bounds__(kThreads) allreduceNvshmemTwoShotKernel(BlockA
   // stage: the parts peers read (every part but mine) into my staging buffer, unless in place
   for (int j = 0; staged && j < a.world; ++j)
     if (j != a.rank) copyVectors(a.in[0] + j * a.stride, mine + j * a.stride, partBytes(a, j), partWalk(a, j, w));
-  publishSource(a, c.seq);
+  if (!registered) publishSource(a, c.seq);  // registered: peers use the mapped tensors
   signal(a, 0, c.seq);
   bool ok = waitPeers(a, 0, c.seq);
   if (ok) {
@@ -58,9 +58,13 @@ __global__ void __launch_bounds__(kThreads) allreduceNvshmemTwoShotKernel(BlockA
                              : const_cast<char*>(sourceBlock(a, q, c.seq, a.rank));
       src[q] = q == a.rank ? a.in[0] + a.rank * a.stride : dst[q];
     }
+    bool wide = sizeof(T) >= 2;  // Note [One vector]: all peers' loads at once, where aligned
+    for (int q = 0; q < a.world; ++q) wide = wide && isAligned(src[q]);
     for (uint64_t v = own.first; v < own.end; v += kUnroll * own.step) {
       uint4 x[kUnroll];
-      reduceFrom<T, kOp>(src, a.world, len, v, own.step, own.end, x);
+      if (wide && v + own.step >= own.end && (v + 1) * 16 <= len)
+        x[0] = reduceOne<T, kOp, 8>([&](int q) { return src[q]; }, a.world, v);
+      else reduceFrom<T, kOp>(src, a.world, len, v, own.step, own.end, x);
       for (int i = 0; i < a.world; ++i) {
         const int q = (a.rank + i) % a.world;  // staggered: peers are not all written at once
         char* const to = dst[q];  // in a register: a store through it could alias the array

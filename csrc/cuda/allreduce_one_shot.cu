@@ -21,6 +21,12 @@ __global__ void __launch_bounds__(kThreads, 2) allreduceOneShotKernel(DirectArgs
   if (waitPeers(a, 0, c.seq)) {
     // reduce: every rank combines the same p vectors in rank order
     for (uint64_t v = w.first; v < w.end; v += kUnroll * w.step) {
+      if (sizeof(T) >= 4 && v + w.step >= w.end && (v + 1) * 16 <= a.nbytes) {  // Note [One vector]
+        const uint4 y = reduceOne<T, kOp, 4>([&](int q) { return stagingOf(a.peers.base[q], a.capacity, c.seq); },
+                                          a.world, v);
+        storeUser(a.data, v, a.nbytes, aligned, y);
+        continue;
+      }
       uint4 x[kUnroll];
       reduceRanks<T, kOp>(a, c.seq, v, w.step, w.end, x);
 #pragma unroll

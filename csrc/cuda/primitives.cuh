@@ -92,14 +92,37 @@ __device__ __forceinline__ uint64_t loadAcquire(const uint64_t* p) {
   return v;
 }
 
+__device__ __forceinline__ uint64_t loadRelaxed(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+/// After a relaxed poll saw a peer's release: what the peer published before it is visible to
+/// this thread (and, through the block's barrier, to the others).
+__device__ __forceinline__ void acquireFromPeers(bool one_gpu) {
+  if (one_gpu) asm volatile("fence.acq_rel.gpu;" ::: "memory");
+  else asm volatile("fence.acq_rel.sys;" ::: "memory");
+}
+
 // Note [Fence scope]: what a kernel publishes to its peers (a flag, its end-of-call counter)
 // must follow every store it made into their areas, for whoever reads it: peers' kernels, and
 // peers' host threads copying the counter in drain(). In general they are on other GPUs, or the
 // areas are host memory, and the fence is system-scope. When every rank's area is memory of one
 // GPU (cuda_ipc with all ranks sharing that GPU: CallArgs::one_gpu), all those readers go
 // through that GPU's memory, and a GPU-scope fence suffices; it is cheaper (measured in
-// docs/benchmarks.md). Waiters keep their system-scope acquire loads, whose scope includes the
-// publishing thread either way.
+// docs/benchmarks.md). Waiters poll with system-scope relaxed loads and acquire at the same
+// scope as the publisher released (Note [Release stores]).
+//
+// Note [Release stores]: the direct kernels publish a flag or their end of call with one release
+// store by thread 0 after the block's barrier; the release is cumulative, so it also orders the
+// other threads' stores the barrier ordered before it, and no separate fence precedes it. Waiters
+// poll with relaxed loads and acquire once, with a fence, when the value has come. End of call:
+// every block takes its count with an acquire-release atomic, so the last one's release of the
+// counter follows every block's stores; a one-block kernel takes no count. Against a fence before
+// each release, acquire loads in the polls and a fenced atomic count, the registered two-shot took
+// about 1 us less at 4 ranks and 0.5-0.8 us less at 2 up to 1 MiB (one H100, graph replay;
+// docs/benchmarks.md). The schedule executor's FIFOs (fifo.cuh) still publish with a fence first.
 __device__ __forceinline__ void fenceForPeers(bool one_gpu) {
   if (one_gpu) __threadfence();
   else __threadfence_system();
@@ -142,11 +165,18 @@ __device__ __forceinline__ void endCall(const CallArgs& a, const Call& c) {
   __syncthreads();
   if (threadIdx.x != 0) return;
   SeqCounter* k = counterOf(a.peers.base[a.rank]);
-  __threadfence();
-  const unsigned long long before = atomicAdd(&k->arrived, 1ull);
+  uint64_t* seq = reinterpret_cast<uint64_t*>(&k->seq);
+  if (gridDim.x == 1) {  // the only block: no count to take
+    *reinterpret_cast<volatile unsigned long long*>(&k->arrived) = c.blocks_before + 1;
+    *reinterpret_cast<volatile unsigned long long*>(&k->blocks) = c.blocks_before + 1;
+    return releaseToPeers(a.one_gpu, seq, c.seq);
+  }
+  // Note [Release stores]: the count releases this block's stores and acquires the earlier blocks'
+  unsigned long long before;
+  asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], 1;" : "=l"(before) : "l"(&k->arrived) : "memory");
   if (before + 1 == c.blocks_before + gridDim.x) {  // every block of this kernel is done
     *reinterpret_cast<volatile unsigned long long*>(&k->blocks) = before + 1;
-    publish(a.one_gpu, reinterpret_cast<uint64_t*>(&k->seq), c.seq);
+    releaseToPeers(a.one_gpu, seq, c.seq);
   }
 }
 
@@ -197,7 +227,7 @@ __device__ __forceinline__ bool waitFailed(const CallArgs& a, int peer, uint64_t
 /// Block-wide: once every thread's earlier stores are done, announces `seq` on this block's flag.
 __device__ __forceinline__ void signal(const CallArgs& a, int phase, uint64_t seq) {
   __syncthreads();
-  if (threadIdx.x == 0) publish(a.one_gpu, flagOf(a.peers.base[a.rank], phase, blockIdx.x), seq);
+  if (threadIdx.x == 0) releaseToPeers(a.one_gpu, flagOf(a.peers.base[a.rank], phase, blockIdx.x), seq);
 }
 
 /// Block-wide: waits until flagFor(q) >= seq for every peer q (thread q polls it). Returns false
@@ -214,7 +244,7 @@ __device__ __forceinline__ bool waitEach(const CallArgs& a, uint64_t seq, FlagFo
     const uint64_t start = globalTimer();
     uint32_t polls = 0;
     uint64_t v;
-    while ((v = loadAcquire(f)) < seq) {
+    while ((v = loadRelaxed(f)) < seq) {  // Note [Release stores]: the acquire follows
       if (++polls > 256) {
         __nanosleep(100);
         if (polls % 256 == 0 && waitFailed(a, q, seq, start, Seen::kFlag, v)) {
@@ -223,6 +253,7 @@ __device__ __forceinline__ bool waitEach(const CallArgs& a, uint64_t seq, FlagFo
         }
       }
     }
+    acquireFromPeers(a.one_gpu);
   }
   __syncthreads();
   return failed == 0;
@@ -245,7 +276,6 @@ __device__ __forceinline__ bool waitPushed(const CallArgs& a, uint64_t seq, int 
 __device__ __forceinline__ void signalPushed(const CallArgs& a, uint64_t seq) {
   __syncthreads();
   if (threadIdx.x == 0) {
-    fenceForPeers(a.one_gpu);
     for (int i = 1; i < a.world; ++i)
       releaseToPeers(a.one_gpu, pushFlagOf(a.peers.base[(a.rank + i) % a.world], a.rank, blockIdx.x), seq);
   }
@@ -685,6 +715,29 @@ __device__ __forceinline__ void reduceFrom(const char* const* src, int world, ui
   }
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) out[u] = acc[u].get();
+}
+
+/// Note [One vector]: vector v reduced over src(0..world-1) in rank order, with the loads of up to
+/// kWide ranks in flight together. reduceRanks and reduceFrom load one rank (or a pair) at a time
+/// to keep kUnroll vectors a thread in registers, so a thread with a single vector to reduce, which
+/// is every thread of a small call, waited on memory world (or world / 2) times in a row. The
+/// kernels take this path for such a thread where the vector is whole and every source aligned
+/// (loadPeer), and for element types whose widened vectors fit their register budget (8-bit types
+/// spilled).
+template <typename T, RedOp kOp, int kWide, typename Src>
+__device__ __forceinline__ uint4 reduceOne(Src src, int world, uint64_t v) {
+  Vec<T> acc;
+  for (int q0 = 0; q0 < world; q0 += kWide) {
+    uint4 x[kWide];
+#pragma unroll
+    for (int i = 0; i < kWide; ++i) x[i] = q0 + i < world ? loadPeer(src(q0 + i), v) : uint4{};
+#pragma unroll
+    for (int i = 0; i < kWide; ++i) {
+      if (q0 + i == 0) acc.set(x[i]);
+      else if (q0 + i < world) acc.template combine<kOp>(x[i]);
+    }
+  }
+  return acc.get();
 }
 
 }  // namespace tilecomm::cuda
