@@ -601,9 +601,10 @@ std::optional<cuda::BlockAlgo> CudaGroup::nvshmemReady(const CudaOp& op, cuda::B
   const bool forced = all || !(gather ? settings_.allgather : settings_.reducescatter).empty();
   // Under capture an unforced call takes the path it would take without NVSHMEM (the schedule
   // executor), which a graph can hold; every rank captures the same calls, so all agree.
-  if (op.captured && !forced) return std::nullopt;
-  if (op.captured)
+  if (op.captured) {
+    if (!forced) return std::nullopt;
     throw Error(ErrorKind::kInvalid, name + " cannot be captured in a CUDA graph (its calls are counted on the host)");
+  }
   if (nvs_state_ == Ipc::kUnset) nvs_state_ = setUpNvshmem() ? Ipc::kOn : Ipc::kOff;
   const bool pull = algo == BlockAlgo::kAllGatherPull || algo == BlockAlgo::kReduceScatterPull;
   std::string why;
