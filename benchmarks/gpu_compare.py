@@ -35,7 +35,7 @@ each record also gives, per entry, the host's time per call in that loop
 graph is nccl-tests' -G: that loop captured once in a CUDA graph, each replay
 started in step as the loop is, the fastest of 3 replays; the host's cost per
 call is gone, so it times the GPU's work alone (the staging path, which the host
-drives, and NVSHMEM's kernels, whose calls the host counts, are not captured). "copy" is
+drives, is not captured). "copy" is
 the HBM rate of every rank copying its buffer device-to-device at once, started
 in step (copy_rate), and "bound" the time that rate gives the least traffic an
 all_reduce moves (2 x world x bytes: each input read once, each output written
@@ -247,9 +247,9 @@ def _rank(rank, world, args):
         # the staging fallback takes 0.1-0.3 s per call from 64 MiB: timed up to 16 MiB only
         runs = [(name, g, x) for name, g in groups.items() if name != "tilecomm:staged" or nbytes <= (16 << 20)]
         if args.timing == "graph":
-            runs = [r for r in runs if r[0] not in ("tilecomm:staged", "tilecomm:nvshmem_two_shot")]
+            runs = [r for r in runs if r[0] != "tilecomm:staged"]
         runs.insert(1, ("tilecomm:auto_op", groups["tilecomm:auto"], x))
-        if heap is not None and args.timing != "graph":
+        if heap is not None:
             runs.append(("tilecomm:nvshmem_in_place", nvs, heap[:n].zero_()))
             runs.append(("nvshmem:reduce", nvs, heap[:n]))
         for name, g, t in runs:

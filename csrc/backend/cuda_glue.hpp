@@ -39,7 +39,8 @@
 // stream into the capture, and `end` joins it back when the caller waits
 // (wait() never queries a captured event); a synchronous one is captured on the
 // caller's stream itself. Only direct and executor kernels can be captured (they take no per-call
-// value from the host, Note [Device sequence]); a staged operation under capture raises a
+// value from the host, Note [Device sequence]; NVSHMEM's: Note [NVSHMEM capture] in cuda_glue.cpp);
+// a staged operation under capture raises a
 // ValueError at the call, and so does the group's first direct call (it sets up
 // the transport through the Store and cudaMalloc): run one before capturing.
 //
@@ -152,7 +153,8 @@ struct CudaSettings {
   // set_cuda from the selector's CUDA model or TILECOMM_LL_BYTES / TILECOMM_CUDA_TWO_SHOT_BYTES:
   uint64_t ll_bytes[cuda::kMemories] = {};                  // auto: LL all_reduce up to this size
   uint64_t two_shot_bytes[cuda::kMemories] = {~0ull, ~0ull, ~0ull};  // auto: two_shot from this size on
-  uint64_t allgather_ll_bytes = cuda::kLLMaxBytes;  // auto: LL all_gather up to this size (per rank)
+  // auto: LL all_gather up to this size (per rank)
+  uint64_t allgather_ll_bytes[cuda::kMemories] = {cuda::kLLMaxBytes, cuda::kLLMaxBytes, cuda::kLLMaxBytes};
   // The schedule executor's decision tables (executor_model.py), per peer memory (cuda_ipc,
   // host_mapped) and collective (Coll): the first entry with nbytes <= max_bytes names the
   // algorithm. A collective without a table keeps the CPU table's choice.
@@ -300,8 +302,11 @@ class CudaGroup {
   /// Whether an all_reduce may run as a direct kernel, decided from the call alone (the same on
   /// every rank); which kernel is chosen in the task, once the peer memory is known (allReduceDirect).
   bool directEligible(uint64_t nbytes, DType dtype, RedOp op) const;
-  /// Whether an all_gather of nbytes per rank runs as the LL kernel (decided from the call alone).
-  bool allGatherLL(uint64_t nbytes) const;
+  /// Whether an all_gather of nbytes per rank runs as the LL kernel over peer memory m (the same on
+  /// every rank); before the transport is set up, ask for every memory it may have.
+  bool allGatherLL(uint64_t nbytes, cuda::PeerMemory m) const;
+  /// allGatherLL over the transport's memory (set up: directReady returned true).
+  bool allGatherLLNow(uint64_t nbytes) const { return allGatherLL(nbytes, ipc_->memory()); }
   /// At issue: the NVSHMEM algorithm an all_gather of nbytes per rank runs, if any (decided from the
   /// call alone; unforced, only above the LL limit, and only where the library was found).
   std::optional<cuda::BlockAlgo> allGatherBlocks(uint64_t nbytes) const;

@@ -115,8 +115,7 @@ def create(opts, pg_options=None):
         token = secrets.token_hex(32)
         # How the host's GPUs are joined (NVML, no CUDA context); used at the first direct CUDA call.
         gpus = list(topology.host_gpu_links()) if getattr(_C, "HAS_CUDA", False) else []
-        cuda = _cuda_thresholds(cfg, profile, world)
-        cuda["allgather_ll_bytes"] = allgather_ll_bytes(cfg)
+        cuda = _cuda_thresholds(cfg, profile, world, register_bytes(cfg, forced))
         cuda["register_bytes"] = register_bytes(cfg, forced)
         if getattr(_C, "HAS_CUDA", False):
             cuda["nvshmem_algorithms"] = _nvshmem_config(cfg, forced, profile, world, len(set(topo.domains)) == 1)
@@ -186,8 +185,8 @@ def create(opts, pg_options=None):
         log.info("tilecomm world=%d topology: %s", world, topo)
         log.info("tilecomm world=%d profile: %s", world, agreed["profile"])
         if _C.HAS_CUDA:
-            log.info("tilecomm world=%d CUDA kernels (bytes; per peer memory): %s; LL all_gather up to %d", world,
-                     {m: agreed["cuda"][m] for m in cuda_model.MEMORIES}, agreed["cuda"]["allgather_ll_bytes"])
+            log.info("tilecomm world=%d CUDA kernels (bytes; per peer memory): %s", world,
+                     {m: agreed["cuda"][m] for m in cuda_model.MEMORIES})
             nv = agreed["cuda"]["nvshmem_algorithms"]
             if nv["lib"]:
                 log.info("tilecomm world=%d NVSHMEM algorithms offered (%s); pull from (bytes per rank): all_gather "
@@ -220,7 +219,7 @@ def create(opts, pg_options=None):
             timeout_ms,
             proto=cfg["TILECOMM_PROTO"],
             ll_bytes=[agreed["cuda"][m]["ll_bytes"] for m in cuda_model.MEMORIES],
-            allgather_ll_bytes=agreed["cuda"]["allgather_ll_bytes"],
+            allgather_ll_bytes=[agreed["cuda"][m]["allgather_ll_bytes"] for m in cuda_model.MEMORIES],
             transport="host_mapped" if cfg["TILECOMM_TRANSPORT"] == "host_mapped" else "auto",
             fence=cfg["TILECOMM_CUDA_FENCE"],
             gpu_links=[tuple(x) for x in agreed["gpu_links"]],
@@ -263,21 +262,16 @@ def register_bytes(cfg, forced) -> list:
             size if cfg["TILECOMM_CUDA_ALLTOALL"] == "registered" else 0]
 
 
-def allgather_ll_bytes(cfg) -> int:
-    """The largest all_gather (bytes per rank) that runs the LL kernel with TILECOMM_PROTO=auto:
-    TILECOMM_LL_BYTES where set (>= 0), else the whole LL buffer. all_reduce's crossover does not apply:
-    above the LL limit all_gather runs NVSHMEM's block kernels, the schedule executor or staging, which
-    over GPU memory measured slower than LL up to the LL buffer (docs/selector.md)."""
-    return cfg["TILECOMM_LL_BYTES"] if cfg["TILECOMM_LL_BYTES"] >= 0 else cuda_model.LL_MAX_BYTES
-
-
-def _cuda_thresholds(cfg, profile, world) -> dict:
+def _cuda_thresholds(cfg, profile, world, register) -> dict:
     """Per peer memory, the CUDA kernels' size thresholds: the CUDA model's crossovers at this world
-    size, where TILECOMM_LL_BYTES / TILECOMM_CUDA_TWO_SHOT_BYTES do not set them (>= 0)."""
+    size (all_gather's LL limit given `register`, register_bytes' answer), where TILECOMM_LL_BYTES /
+    TILECOMM_CUDA_TWO_SHOT_BYTES do not set them (>= 0)."""
     out = cuda_model.thresholds(profile, world)
-    for limits in out.values():
+    gather = cuda_model.allgather_ll_bytes(profile, world, register[1])
+    for m, limits in out.items():
+        limits["allgather_ll_bytes"] = gather[m]
         if cfg["TILECOMM_LL_BYTES"] >= 0:
-            limits["ll_bytes"] = cfg["TILECOMM_LL_BYTES"]
+            limits["ll_bytes"] = limits["allgather_ll_bytes"] = cfg["TILECOMM_LL_BYTES"]
         if cfg["TILECOMM_CUDA_TWO_SHOT_BYTES"] >= 0:
             limits["two_shot_bytes"] = cfg["TILECOMM_CUDA_TWO_SHOT_BYTES"]
     return out

@@ -18,8 +18,9 @@ constants live in the profile's ``cuda`` section (the shipped default's, or
 one fitted by ``python -m tilecomm.tune --device cuda`` or ``--cuda-from``); ``thresholds`` turns
 them into what the group's C++ side looks up per call: per peer memory, the
 largest all_reduce that runs the LL kernel and the smallest that runs
-two_shot. all_gather's LL kernel runs up to the whole LL buffer (its own limit,
-``_backend.allgather_ll_bytes``); above it, and for reduce_scatter,
+two_shot. all_gather has an LL limit of its own (``allgather_ll_bytes``): over
+GPU memory, where outputs are registered, up to where the push into registered
+outputs overtakes LL; else the whole LL buffer. Above it, and for reduce_scatter,
 ``nvshmem_thresholds`` says from which size pull replaces push.
 """
 
@@ -52,6 +53,8 @@ KERNELS = {
     # stage n; round 1: reduce my 1/p from the peers; round 2: gather the other (p - 1)/p.
     "allreduce_two_shot": Kernel("all_reduce", "simple", lambda p: 2, lambda p: 1 + 2 * (p - 1) / p),
     "allgather_direct_ll": Kernel("all_gather", "ll", lambda p: 1, lambda p: 2 * (p - 1)),
+    # (registered outputs) announce, then store (p - 1) x n into peers' outputs and n into my own.
+    "allgather_push_registered": Kernel("all_gather", "simple", lambda p: 2, lambda p: p, "cuda_ipc"),
     # (n: bytes per rank's block) store (p - 1) x n into peers, own block n, copy (p - 1) x n out.
     "allgather_nvshmem_push": Kernel("all_gather", "simple", lambda p: 1, lambda p: 2 * p - 1, "nvshmem"),
     # stage n, own block n, one flag round, read (p - 1) x n of peers' staging buffers.
@@ -124,6 +127,31 @@ def thresholds(profile, p: int) -> dict:
     return out
 
 
+def allgather_ll_bytes(profile, p: int, register_bytes: int) -> dict:
+    """Per peer memory, the largest all_gather (bytes per rank) that runs the LL kernel. Over cuda_ipc,
+    where outputs of at least `register_bytes` (0: never) are registered: LL up to the last size of the
+    grid at which it is predicted no slower than the push into registered outputs, and at least up to
+    the sizes whose outputs are not registered (where no kernel priced here replaces it); at most the
+    LL buffer. Elsewhere (host_mapped, no registration) the whole LL buffer: its alternatives there
+    (NVSHMEM's kernels, the schedule executor, staging) are not priced against it."""
+    out = {m: LL_MAX_BYTES for m in MEMORIES}
+    if register_bytes <= 0:
+        return out
+    consts = constants(profile)
+
+    def t(kernel, n):
+        return predict(kernel, p, n, consts, "cuda_ipc")
+
+    ll = 0
+    for n in (1 << k for k in range(4, 41)):
+        if n > LL_MAX_BYTES or t("allgather_push_registered", n) < t("allgather_direct_ll", n):
+            break
+        ll = n
+    unregistered = -(-register_bytes // p) - 1  # the largest block whose output is below register_bytes
+    out["cuda_ipc"] = min(LL_MAX_BYTES, max(ll, unregistered))
+    return out
+
+
 def nvshmem_thresholds(profile, p: int) -> dict:
     """``all_gather_pull_bytes`` and ``reduce_scatter_pull_bytes``: from which size (bytes per rank's block)
     the pull kernel's prediction at p ranks is below push's (NEVER if at no size up to 1 TiB)."""
@@ -163,7 +191,7 @@ def check_constants(c: dict, keys, at: str):
 def samples(records) -> list[tuple[str, str, int, int, float]]:
     """(memory, kernel, p, bytes, seconds) of every time of a forced kernel in ``tilecomm.gpu_points``
     records (each names, per entry, the kernel that ran and its memory): the CUDA-graph times, and for
-    NVSHMEM's kernels, which cannot be captured, the eager ones. The ``auto`` entries are left out
+    NVSHMEM's kernels the eager ones (gpu_points.NVSHMEM_GROUPS says why). The ``auto`` entries are left out
     (they validate the fit), and so is ``ll_system_fence`` (a comparison with other settings)."""
     out = []
     for r in records:

@@ -41,8 +41,9 @@ GROUPS = {**_BASE, **{f"hm_{k}": {**v, "TILECOMM_TRANSPORT": "host_mapped"} for 
 GATHER = ("ll", "auto", "ll_system_fence")  # entries whose all_gather runs as a kernel (else it is staged)
 # What tune fits the CUDA model to: every forced kernel over both memories.
 FIT_ENTRIES = ("ll", "one_shot", "two_shot", "hm_ll", "hm_one_shot", "hm_two_shot")
-# NVSHMEM's all_gather and reduce_scatter kernels, forced. They cannot be captured in a CUDA graph
-# (their calls are counted on the host): tune fits them to eager times, which is how they always run.
+# NVSHMEM's all_gather and reduce_scatter kernels, forced. tune fits them to eager times, host included:
+# put-with-signal, which a group without peer addresses moves data with, cannot be captured in a CUDA
+# graph (Note [NVSHMEM capture] in backend/cuda_glue.cpp), so eager is how every group can run them.
 NVSHMEM_GROUPS = {"nvshmem_push": {"TILECOMM_ALGO": "nvshmem_push"}, "nvshmem_pull": {"TILECOMM_ALGO": "nvshmem_pull"}}
 
 

@@ -1361,12 +1361,14 @@ def gpu_topology(rank, world, gloo):
 
 def auto_kernels(rank, world, gloo):
     """With TILECOMM_PROTO=auto and the shipped CUDA model: all_reduce runs LL up to the model's crossover
-    over GPU memory and a simple kernel above it; all_gather runs LL up to the whole LL buffer (its own
-    limit, not all_reduce's). Results against the closed form. Returns {case: kernel}."""
+    over GPU memory and a simple kernel above it; all_gather runs LL up to its own limit
+    (cuda_model.allgather_ll_bytes: not all_reduce's) and, where that is below the LL buffer, the push into
+    the registered output above it. Results against the closed form. Returns {case: kernel}."""
     import tilecomm
-    from tilecomm import cuda_model, selector
+    from tilecomm import cuda_model, selector, settings
 
-    limit = cuda_model.thresholds(selector.load_profile(None), world)["cuda_ipc"]["ll_bytes"]
+    profile = selector.load_profile(None)
+    limit = cuda_model.thresholds(profile, world)["cuda_ipc"]["ll_bytes"]
     sizes = [b for b in sorted({16, limit, 2 * limit}) if 16 <= b <= 1 << 20]
     check(any(b > limit for b in sizes), f"LL limit {limit}: no size above it to check")
     ran = {}
@@ -1379,12 +1381,16 @@ def auto_kernels(rank, world, gloo):
         want = {"allreduce_one_shot_ll"} if nbytes <= limit else {"allreduce_one_shot", "allreduce_two_shot"}
         check(got in want, f"all_reduce of {nbytes} B (LL limit {limit}) ran {got!r}")
     check(tilecomm.gpu_topology()["transport"] == "cuda_ipc", f"transport: {tilecomm.gpu_topology()}")
-    n = cuda_model.LL_MAX_BYTES // 4
-    out = torch.empty(world * n, device=dev())
-    dist.all_gather_into_tensor(out, torch.full((n,), float(rank), device=dev()))
-    check_equal(out, torch.arange(world, dtype=torch.float32).repeat_interleave(n), "all_gather of the LL buffer")
-    ran["all_gather 1 MiB"] = backend().cuda_last_kernel()
-    check(ran["all_gather 1 MiB"] == "allgather_direct_ll", f"all_gather of 1 MiB ran {ran['all_gather 1 MiB']}")
+    register = settings.resolve()["TILECOMM_CUDA_REGISTER_BYTES"]
+    gather = cuda_model.allgather_ll_bytes(profile, world, register)["cuda_ipc"]
+    for nbytes in sorted({gather // 4 * 4, cuda_model.LL_MAX_BYTES}):
+        n = nbytes // 4
+        out = torch.empty(world * n, device=dev())
+        dist.all_gather_into_tensor(out, torch.full((n,), float(rank), device=dev()))
+        check_equal(out, torch.arange(world, dtype=torch.float32).repeat_interleave(n), f"all_gather of {nbytes} B")
+        got = ran[f"all_gather {nbytes}"] = backend().cuda_last_kernel()
+        want = "allgather_direct_ll" if nbytes <= gather else "allgather_push_registered"
+        check(got == want, f"all_gather of {nbytes} B (its LL limit {gather}) ran {got!r}, not {want}")
     finish()
     return ran
 
@@ -1526,8 +1532,8 @@ def spawn_nvshmem(rank, world, port, configs, dtypes, ops, sizes, large=()):
         else:
             report[name] = _nvshmem_calls(rank, world, gloo, g, narrower.get("dtypes", dtypes),
                                           narrower.get("ops", ops), sizes, expect, name, in_place, large)
-            if name in ("auto", "push"):
-                _nvshmem_graph(rank, world, g, forced=name == "push")
+            if name in ("auto", "push", "put_signal"):
+                _nvshmem_graph(rank, world, g, name)
         if rank == 0:
             print(f"spawn_nvshmem world={world}: {name} done at {time.monotonic() - start:.0f} s, "
                   f"{len(_FAILURES)} failed checks so far", flush=True)
@@ -1541,39 +1547,47 @@ def spawn_nvshmem(rank, world, port, configs, dtypes, ops, sizes, large=()):
     return report
 
 
-def _nvshmem_graph(rank, world, g, forced, n=1031, replays=5):
-    """Under CUDA graph capture: unforced, a reduce_scatter that runs NVSHMEM's kernel eagerly is
-    captured on the schedule executor and its replays give the closed form; forced (all_gather and
-    reduce_scatter pushed by TILECOMM_ALGO), the capture is refused, saying why, and the group
-    still works."""
+def _nvshmem_graph(rank, world, g, name, n=1031, replays=5):
+    """Under CUDA graph capture (Note [NVSHMEM capture]): NVSHMEM's kernels that use peer addresses
+    ("auto", and "push" forced by TILECOMM_ALGO) are captured, a reduce_scatter and an all_gather in one
+    graph, and every replay with fresh inputs gives the closed form; with put-with-signal forced
+    ("put_signal"), the capture is refused, saying why, and the group still works."""
     be = g._get_backend(torch.device("cuda"))
-    inp = torch.empty(world * n, device=dev())
-    out = torch.empty(n, device=dev())
+    inp, out = torch.empty(world * n, device=dev()), torch.empty(n, device=dev())
+    shard, gathered = torch.empty(n, device=dev()), torch.empty(world * n, device=dev())
     dist.reduce_scatter_tensor(out, inp.fill_(1.0), group=g)
-    ran = be.cuda_last_kernel()
-    check(ran.startswith("reducescatter_nvshmem"), f"eager reduce_scatter ran {ran!r}")
+    eager = be.cuda_last_kernel()
+    check(eager.startswith("reducescatter_nvshmem"), f"{name}: eager reduce_scatter ran {eager!r}")
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    if forced:
+    if name == "put_signal":
         try:
             with torch.cuda.graph(graph):
                 dist.reduce_scatter_tensor(out, inp, group=g)
-            check(False, "a forced NVSHMEM reduce_scatter was captured without an error")
+            check(False, "a reduce_scatter forced onto put-with-signal was captured without an error")
         except Exception as e:  # noqa: BLE001  (the ValueError, possibly chained by the capture's end)
             text = f"{e} {e.__context__}"
-            check("cannot be captured" in text and "nvshmem" in text, f"unclear capture error: {text}")
+            check("cannot be captured" in text and "put-with-signal" in text, f"unclear capture error: {text}")
         torch.cuda.synchronize()
         dist.reduce_scatter_tensor(out, inp.fill_(2.0), group=g)
-        check_equal(out, torch.full((n,), 2.0 * world), "forced reduce_scatter after a refused capture")
+        check_equal(out, torch.full((n,), 2.0 * world), "put_signal reduce_scatter after a refused capture")
         return
     with torch.cuda.graph(graph):
         dist.reduce_scatter_tensor(out, inp, group=g)
+        captured = be.cuda_last_kernel()
+        dist.all_gather_into_tensor(gathered, shard, group=g)
+        gather = be.cuda_last_kernel()
+    check(captured == eager, f"{name}: captured reduce_scatter ran {captured!r}, eagerly {eager!r}")
+    if name == "push":
+        check(gather == "allgather_nvshmem_push", f"push: captured all_gather ran {gather!r}")
     for k in range(replays):
         inp.copy_(torch.arange(world * n, dtype=torch.float32) + rank + k)
+        shard.copy_(torch.arange(n, dtype=torch.float32) + rank * n - k)
         graph.replay()
         want = world * (torch.arange(n, dtype=torch.float32) + rank * n + k) + world * (world - 1) // 2
-        check_equal(out, want, f"captured reduce_scatter, replay {k}")
-    check(be.cuda_last_kernel().startswith("schedule:"), f"captured reduce_scatter ran {be.cuda_last_kernel()!r}")
+        check_equal(out, want, f"{name}: captured reduce_scatter, replay {k}")
+        check_equal(gathered, torch.arange(world * n, dtype=torch.float32) - k,
+                    f"{name}: captured all_gather, replay {k}")
     torch.cuda.synchronize()
     del graph
 

@@ -49,7 +49,7 @@ def test_tune_measures_the_gpu(tmp_path):
     assert {r["world"] for r in kernels} == {2, 3} and {r["bytes"] for r in kernels} == {8, 64, 512, 4096}
     why = tune.nvshmem_problem()
     assert not (why and os.environ.get("TILECOMM_TEST_REQUIRE_NVSHMEM") == "1"), why
-    if not why:  # NVSHMEM's kernels, forced, timed eagerly at every size and world (they cannot be captured)
+    if not why:  # NVSHMEM's kernels, forced, timed eagerly at every size and world
         assert sorted((r["world"], r["bytes"]) for r in nvshmem) == [(w, n) for w in (2, 3) for n in (8, 64, 512, 4096)]
         for r in nvshmem:
             for coll, short in (("all_gather", "allgather"), ("reduce_scatter", "reducescatter")):
