@@ -13,8 +13,8 @@ by the ranks:
   with the GPU, the PCIe path), and `ll_system_fence` (LL over cuda_ipc with
   system-scope fences, TILECOMM_CUDA_FENCE=system, where ranks sharing one GPU
   would use GPU scope); and all_gather_into_tensor (bytes are per rank)
-  in the entries whose all_gather can run as a kernel (`ll`, `auto`; above the
-  LL limit it is staged, which cannot be captured). Each record names, per
+  in the entries whose all_gather can run as a kernel (`ll`, `auto`), up to the
+  LL buffer under graph replay. Each record names, per
   entry, the kernel that ran (`kernels`) and the peer memory (`memory`), which
   `python -m tilecomm.tune --cuda-from` fits the CUDA model to;
 - with --ops, every entry also called through tilecomm's operators

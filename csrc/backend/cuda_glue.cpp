@@ -276,8 +276,7 @@ std::optional<cuda::BlockAlgo> forcedBlocks(const std::string& forced, cuda::Blo
 uint64_t CudaGroup::llLimit() const {
   if (settings_.proto == "simple" || settings_.ipc_bytes == 0) return 0;
   if (settings_.proto == "ll") return cuda::kLLMaxBytes;
-  return std::min(std::max({settings_.ll_bytes[0], settings_.ll_bytes[1], settings_.allgather_ll_bytes[0],
-                            settings_.allgather_ll_bytes[1]}),
+  return std::min(std::max({settings_.ll_bytes[0], settings_.ll_bytes[1], settings_.allgather_ll_bytes}),
                   cuda::kLLMaxBytes);
 }
 
@@ -300,9 +299,8 @@ cuda::DirectAlgo CudaGroup::allReduceAlgo(uint64_t nbytes) const {
   return nbytes < settings_.two_shot_bytes[m] ? cuda::DirectAlgo::kOneShot : cuda::DirectAlgo::kTwoShot;
 }
 
-bool CudaGroup::allGatherLL(uint64_t nbytes, cuda::PeerMemory m) const {
-  const uint64_t own = settings_.allgather_ll_bytes[static_cast<int>(m)];
-  const uint64_t ll = settings_.proto == "auto" ? std::min(own, llLimit()) : llLimit();
+bool CudaGroup::allGatherLL(uint64_t nbytes) const {
+  const uint64_t ll = settings_.proto == "auto" ? std::min(settings_.allgather_ll_bytes, llLimit()) : llLimit();
   return nbytes > 0 && nbytes <= ll && world_ <= cuda::kMaxRanks;
 }
 
@@ -311,8 +309,7 @@ std::optional<cuda::BlockAlgo> CudaGroup::allGatherBlocks(uint64_t nbytes) const
   if (nbytes == 0 || world_ > cuda::kMaxRanks) return std::nullopt;
   auto forced = forcedBlocks(settings_.allgather, BlockAlgo::kAllGatherPush, BlockAlgo::kAllGatherPull);
   if (forced) return forced;
-  // NVSHMEM's kernels run where the GPUs reach each other's memory: above GPU memory's LL limit.
-  if (settings_.nvshmem_lib.empty() || allGatherLL(nbytes, cuda::PeerMemory::kCudaIpc)) return std::nullopt;
+  if (settings_.nvshmem_lib.empty() || allGatherLL(nbytes)) return std::nullopt;
   return nbytes >= settings_.allgather_pull_bytes ? BlockAlgo::kAllGatherPull : BlockAlgo::kAllGatherPush;
 }
 
@@ -602,12 +599,15 @@ std::optional<cuda::BlockAlgo> CudaGroup::nvshmemReady(const CudaOp& op, cuda::B
   const bool gather = algo == BlockAlgo::kAllGatherPush || algo == BlockAlgo::kAllGatherPull;
   const bool all = algo == BlockAlgo::kAllReduceTwoShot;  // only ever forced (allReduceBlocks)
   const bool forced = all || !(gather ? settings_.allgather : settings_.reducescatter).empty();
+  const bool pull = algo == BlockAlgo::kAllGatherPull || algo == BlockAlgo::kReduceScatterPull;
   // Note [NVSHMEM capture]: the kernels that store and load through peer addresses take their
   // sequence from the device (Note [Device sequence]), so a graph holds them. The set-up (collective
   // calls through the Store) and put-with-signal (whose signal values the host counts) cannot be
   // captured: there an unforced call takes the path it would take without NVSHMEM (the schedule
-  // executor), and a forced one raises. Every rank captures the same calls, so all agree.
-  if (op.captured && (nvs_state_ == Ipc::kUnset || (nvs_state_ == Ipc::kOn && !nvs_direct_))) {
+  // executor), and a forced push raises (a forced pull or two-shot raises below, as eagerly). Every
+  // rank captures the same calls, so all agree.
+  const bool put_signal = nvs_state_ == Ipc::kOn && !nvs_direct_ && !(forced && (pull || all));
+  if (op.captured && (nvs_state_ == Ipc::kUnset || put_signal)) {
     if (!forced) return std::nullopt;
     throw Error(ErrorKind::kInvalid,
                 name + " cannot be captured in a CUDA graph: " +
@@ -616,7 +616,6 @@ std::optional<cuda::BlockAlgo> CudaGroup::nvshmemReady(const CudaOp& op, cuda::B
                          : "it moves data with put-with-signal, whose signal values are counted on the host"));
   }
   if (nvs_state_ == Ipc::kUnset) nvs_state_ = setUpNvshmem() ? Ipc::kOn : Ipc::kOff;
-  const bool pull = algo == BlockAlgo::kAllGatherPull || algo == BlockAlgo::kReduceScatterPull;
   std::string why;
   if (nvs_state_ != Ipc::kOn) {
     why = "NVSHMEM is not available: " + nvs_why_;
@@ -827,8 +826,10 @@ bool CudaGroup::allReduceRegistered(CudaOp& op, at::Tensor& t, DType dtype, RedO
 
 bool CudaGroup::allGatherRegisterEligible(uint64_t nbytes) const {
   const uint64_t from = settings_.allgather_register_bytes;  // 0 where TILECOMM_ALGO forces an all_gather
+  // Above the LL limit; and with TILECOMM_PROTO=auto, under it too from where the CUDA model prices the push
+  // into registered outputs below LL (an output that does not register then runs LL).
   return from > 0 && settings_.ipc_bytes > 0 && nbytes > 0 && nbytes * world_ >= from && world_ <= cuda::kMaxRanks &&
-         !allGatherLL(nbytes, cuda::PeerMemory::kCudaIpc);  // registered: over cuda_ipc only
+         (!allGatherLL(nbytes) || (settings_.proto == "auto" && nbytes > settings_.allgather_register_ll_bytes));
 }
 
 bool CudaGroup::allGatherRegistered(CudaOp& op, const at::Tensor& in, const std::vector<void*>& outs,
@@ -943,7 +944,8 @@ std::string CudaGroup::status() const {
   return "device=" + (device_ ? device_->str() : std::string("unbound")) + " allreduce=" + settings_.allreduce +
          " ipc_bytes=" + std::to_string(settings_.ipc_bytes) + " two_shot_bytes=" + pair(settings_.two_shot_bytes) +
          " proto=" + settings_.proto + " ll_bytes=" + pair(settings_.ll_bytes) + " allgather_ll_bytes=" +
-         pair(settings_.allgather_ll_bytes) + " ll_limit=" + std::to_string(llLimit()) + " direct=" +
+         std::to_string(settings_.allgather_ll_bytes) + " allgather_register_ll_bytes=" +
+         std::to_string(settings_.allgather_register_ll_bytes) + " ll_limit=" + std::to_string(llLimit()) + " direct=" +
          (ipc_state_ == Ipc::kOn ? "on" : ipc_state_ == Ipc::kOff ? "off (" + ipc_why_ + ")" : "unset") +
          (ipc_state_ == Ipc::kOn ? " memory=" + topo_.transport + " fence=" + (ipc_->oneGpu() ? "gpu" : "system")
                                  : "") +

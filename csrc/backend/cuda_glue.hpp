@@ -153,8 +153,10 @@ struct CudaSettings {
   // set_cuda from the selector's CUDA model or TILECOMM_LL_BYTES / TILECOMM_CUDA_TWO_SHOT_BYTES:
   uint64_t ll_bytes[cuda::kMemories] = {};                  // auto: LL all_reduce up to this size
   uint64_t two_shot_bytes[cuda::kMemories] = {~0ull, ~0ull, ~0ull};  // auto: two_shot from this size on
-  // auto: LL all_gather up to this size (per rank)
-  uint64_t allgather_ll_bytes[cuda::kMemories] = {cuda::kLLMaxBytes, cuda::kLLMaxBytes, cuda::kLLMaxBytes};
+  uint64_t allgather_ll_bytes = cuda::kLLMaxBytes;  // auto: LL all_gather up to this size (per rank)
+  // auto: an all_gather above this size (per rank) whose output registers runs the push into the
+  // registered outputs, even under the LL limit (the CUDA model's crossover)
+  uint64_t allgather_register_ll_bytes = cuda::kLLMaxBytes;
   // The schedule executor's decision tables (executor_model.py), per peer memory (cuda_ipc,
   // host_mapped) and collective (Coll): the first entry with nbytes <= max_bytes names the
   // algorithm. A collective without a table keeps the CPU table's choice.
@@ -302,11 +304,8 @@ class CudaGroup {
   /// Whether an all_reduce may run as a direct kernel, decided from the call alone (the same on
   /// every rank); which kernel is chosen in the task, once the peer memory is known (allReduceDirect).
   bool directEligible(uint64_t nbytes, DType dtype, RedOp op) const;
-  /// Whether an all_gather of nbytes per rank runs as the LL kernel over peer memory m (the same on
-  /// every rank); before the transport is set up, ask for every memory it may have.
-  bool allGatherLL(uint64_t nbytes, cuda::PeerMemory m) const;
-  /// allGatherLL over the transport's memory (set up: directReady returned true).
-  bool allGatherLLNow(uint64_t nbytes) const { return allGatherLL(nbytes, ipc_->memory()); }
+  /// Whether an all_gather of nbytes per rank runs as the LL kernel (decided from the call alone).
+  bool allGatherLL(uint64_t nbytes) const;
   /// At issue: the NVSHMEM algorithm an all_gather of nbytes per rank runs, if any (decided from the
   /// call alone; unforced, only above the LL limit, and only where the library was found).
   std::optional<cuda::BlockAlgo> allGatherBlocks(uint64_t nbytes) const;

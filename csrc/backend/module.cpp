@@ -286,10 +286,9 @@ PYBIND11_MODULE(_C, m) {
       [](backend::ProcessGroupTilecomm& self, const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix,
          const std::string& allreduce, uint64_t ipc_bytes, std::array<uint64_t, cuda::kMemories> two_shot_bytes,
          int64_t timeout_ms, const std::string& proto, std::array<uint64_t, cuda::kMemories> ll_bytes,
-         std::array<uint64_t, cuda::kMemories> allgather_ll_bytes, const std::string& transport,
-         const std::string& fence,
+         uint64_t allgather_ll_bytes, const std::string& transport, const std::string& fence,
          const std::vector<std::tuple<std::string, std::string, std::string>>& gpu_links, const py::dict& nvshmem,
-         std::array<uint64_t, 3> register_bytes, const std::string& p2p,
+         std::array<uint64_t, 3> register_bytes, uint64_t allgather_register_ll_bytes, const std::string& p2p,
          const std::array<std::vector<std::vector<std::pair<uint64_t, uint16_t>>>, 2>& executor_tables) {
         backend::CudaSettings s;
         for (int m = 0; m < 2; ++m) s.executor_tables[m] = executor_tables[m];
@@ -299,13 +298,14 @@ PYBIND11_MODULE(_C, m) {
         s.register_bytes = register_bytes[0];
         s.allgather_register_bytes = register_bytes[1];
         s.alltoall_register_bytes = register_bytes[2];
+        s.allgather_register_ll_bytes = allgather_register_ll_bytes;
         s.timeout_ms = timeout_ms;
         s.proto = proto;
         for (int m = 0; m < cuda::kMemories; ++m) {
           s.two_shot_bytes[m] = two_shot_bytes[m];
           s.ll_bytes[m] = ll_bytes[m];
-          s.allgather_ll_bytes[m] = allgather_ll_bytes[m];
         }
+        s.allgather_ll_bytes = allgather_ll_bytes;
         s.transport = transport;
         s.fence = fence;
         // NVSHMEM (cuda/blocks.h): every key is set by _backend.create.
@@ -326,15 +326,13 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("store"), py::arg("prefix"), py::arg("allreduce"), py::arg("ipc_bytes"), py::arg("two_shot_bytes"),
       py::arg("timeout_ms"), py::arg("proto"), py::arg("ll_bytes"),
-      py::arg("allgather_ll_bytes") = std::array<uint64_t, cuda::kMemories>{cuda::kLLMaxBytes, cuda::kLLMaxBytes,
-                                                                            cuda::kLLMaxBytes},
-      py::arg("transport") = "auto",
+      py::arg("allgather_ll_bytes") = cuda::kLLMaxBytes, py::arg("transport") = "auto",
       py::arg("fence") = "auto",
       py::arg("gpu_links") = std::vector<std::tuple<std::string, std::string, std::string>>{}, py::arg("nvshmem"),
       py::arg("register_bytes") = std::array<uint64_t, 3>{backend::CudaSettings{}.register_bytes,
                                                             backend::CudaSettings{}.allgather_register_bytes,
                                                             backend::CudaSettings{}.alltoall_register_bytes},
-      py::arg("p2p") = "direct",
+      py::arg("allgather_register_ll_bytes") = cuda::kLLMaxBytes, py::arg("p2p") = "direct",
       py::arg("executor_tables") = std::array<std::vector<std::vector<std::pair<uint64_t, uint16_t>>>, 2>{});
   // NOTE: without the GIL: it waits for its turn behind the group's operations, whose Future
   // callbacks may need it.

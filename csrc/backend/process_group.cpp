@@ -588,9 +588,7 @@ ProcessGroupTilecomm::Direct ProcessGroupTilecomm::directAllGather(const at::Ten
   // or LL (NVSHMEM's are offered only above the LL limit); every answer is the same on every rank.
   const bool registered = cuda_->allGatherRegisterEligible(in.nbytes());
   const auto blocks = cuda_->allGatherBlocks(in.nbytes());
-  // LL over either memory the transport may have; which one it has is known in the task
-  const bool ll = cuda_->allGatherLL(in.nbytes(), cuda::PeerMemory::kCudaIpc) ||
-                  cuda_->allGatherLL(in.nbytes(), cuda::PeerMemory::kHostMapped);
+  const bool ll = cuda_->allGatherLL(in.nbytes());
   if (!registered && !blocks && !ll) return nullptr;
   cuda::BlockCall call;
   call.in[0] = in.data_ptr();
@@ -604,7 +602,7 @@ ProcessGroupTilecomm::Direct ProcessGroupTilecomm::directAllGather(const at::Ten
       cuda_->blocksDirect(cop, *run, call, timeout_ms);
       return true;
     }
-    if (!ll || !cuda_->directReady(cop) || !cuda_->allGatherLLNow(in.nbytes())) return false;
+    if (!ll || !cuda_->directReady(cop)) return false;
     cuda_->allGatherDirect(cop, in, outs, timeout_ms);
     return true;
   };

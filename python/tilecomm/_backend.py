@@ -115,7 +115,9 @@ def create(opts, pg_options=None):
         token = secrets.token_hex(32)
         # How the host's GPUs are joined (NVML, no CUDA context); used at the first direct CUDA call.
         gpus = list(topology.host_gpu_links()) if getattr(_C, "HAS_CUDA", False) else []
-        cuda = _cuda_thresholds(cfg, profile, world, register_bytes(cfg, forced))
+        cuda = _cuda_thresholds(cfg, profile, world)
+        cuda["allgather_ll_bytes"] = allgather_ll_bytes(cfg)
+        cuda["allgather_register_ll_bytes"] = allgather_register_ll_bytes(cfg, profile, world)
         cuda["register_bytes"] = register_bytes(cfg, forced)
         if getattr(_C, "HAS_CUDA", False):
             cuda["nvshmem_algorithms"] = _nvshmem_config(cfg, forced, profile, world, len(set(topo.domains)) == 1)
@@ -185,8 +187,9 @@ def create(opts, pg_options=None):
         log.info("tilecomm world=%d topology: %s", world, topo)
         log.info("tilecomm world=%d profile: %s", world, agreed["profile"])
         if _C.HAS_CUDA:
-            log.info("tilecomm world=%d CUDA kernels (bytes; per peer memory): %s", world,
-                     {m: agreed["cuda"][m] for m in cuda_model.MEMORIES})
+            log.info("tilecomm world=%d CUDA kernels (bytes; per peer memory): %s; LL all_gather up to %d (a "
+                     "registered output from %d)", world, {m: agreed["cuda"][m] for m in cuda_model.MEMORIES},
+                     agreed["cuda"]["allgather_ll_bytes"], agreed["cuda"]["allgather_register_ll_bytes"] + 1)
             nv = agreed["cuda"]["nvshmem_algorithms"]
             if nv["lib"]:
                 log.info("tilecomm world=%d NVSHMEM algorithms offered (%s); pull from (bytes per rank): all_gather "
@@ -219,12 +222,13 @@ def create(opts, pg_options=None):
             timeout_ms,
             proto=cfg["TILECOMM_PROTO"],
             ll_bytes=[agreed["cuda"][m]["ll_bytes"] for m in cuda_model.MEMORIES],
-            allgather_ll_bytes=[agreed["cuda"][m]["allgather_ll_bytes"] for m in cuda_model.MEMORIES],
+            allgather_ll_bytes=agreed["cuda"]["allgather_ll_bytes"],
             transport="host_mapped" if cfg["TILECOMM_TRANSPORT"] == "host_mapped" else "auto",
             fence=cfg["TILECOMM_CUDA_FENCE"],
             gpu_links=[tuple(x) for x in agreed["gpu_links"]],
             nvshmem=agreed["cuda"]["nvshmem_algorithms"],
             register_bytes=agreed["cuda"]["register_bytes"],
+            allgather_register_ll_bytes=agreed["cuda"]["allgather_register_ll_bytes"],
             p2p=cfg["TILECOMM_CUDA_P2P"],
             executor_tables=[[[tuple(e) for e in agreed["cuda"]["executor_tables"].get(m, {}).get(c, [])]
                               for c in algorithms.COLLECTIVES] for m in executor_model.MEMORIES],
@@ -262,16 +266,31 @@ def register_bytes(cfg, forced) -> list:
             size if cfg["TILECOMM_CUDA_ALLTOALL"] == "registered" else 0]
 
 
-def _cuda_thresholds(cfg, profile, world, register) -> dict:
+def allgather_ll_bytes(cfg) -> int:
+    """The largest all_gather (bytes per rank) that runs the LL kernel with TILECOMM_PROTO=auto:
+    TILECOMM_LL_BYTES where set (>= 0), else the whole LL buffer. all_reduce's crossover does not apply:
+    above the LL limit all_gather runs NVSHMEM's block kernels, the schedule executor or staging, which
+    over GPU memory measured slower than LL up to the LL buffer (docs/selector.md). Outputs that register
+    leave LL earlier (allgather_register_ll_bytes)."""
+    return cfg["TILECOMM_LL_BYTES"] if cfg["TILECOMM_LL_BYTES"] >= 0 else cuda_model.LL_MAX_BYTES
+
+
+def allgather_register_ll_bytes(cfg, profile, world) -> int:
+    """Above this all_gather size (bytes per rank) an output that registers runs the push into the
+    registered outputs instead of LL: TILECOMM_LL_BYTES where set (>= 0), else the CUDA model's
+    crossover at this world size (cuda_model.allgather_register_ll_bytes)."""
+    if cfg["TILECOMM_LL_BYTES"] >= 0:
+        return cfg["TILECOMM_LL_BYTES"]
+    return cuda_model.allgather_register_ll_bytes(profile, world)
+
+
+def _cuda_thresholds(cfg, profile, world) -> dict:
     """Per peer memory, the CUDA kernels' size thresholds: the CUDA model's crossovers at this world
-    size (all_gather's LL limit given `register`, register_bytes' answer), where TILECOMM_LL_BYTES /
-    TILECOMM_CUDA_TWO_SHOT_BYTES do not set them (>= 0)."""
+    size, where TILECOMM_LL_BYTES / TILECOMM_CUDA_TWO_SHOT_BYTES do not set them (>= 0)."""
     out = cuda_model.thresholds(profile, world)
-    gather = cuda_model.allgather_ll_bytes(profile, world, register[1])
-    for m, limits in out.items():
-        limits["allgather_ll_bytes"] = gather[m]
+    for limits in out.values():
         if cfg["TILECOMM_LL_BYTES"] >= 0:
-            limits["ll_bytes"] = limits["allgather_ll_bytes"] = cfg["TILECOMM_LL_BYTES"]
+            limits["ll_bytes"] = cfg["TILECOMM_LL_BYTES"]
         if cfg["TILECOMM_CUDA_TWO_SHOT_BYTES"] >= 0:
             limits["two_shot_bytes"] = cfg["TILECOMM_CUDA_TWO_SHOT_BYTES"]
     return out

@@ -18,9 +18,10 @@ constants live in the profile's ``cuda`` section (the shipped default's, or
 one fitted by ``python -m tilecomm.tune --device cuda`` or ``--cuda-from``); ``thresholds`` turns
 them into what the group's C++ side looks up per call: per peer memory, the
 largest all_reduce that runs the LL kernel and the smallest that runs
-two_shot. all_gather has an LL limit of its own (``allgather_ll_bytes``): over
-GPU memory, where outputs are registered, up to where the push into registered
-outputs overtakes LL; else the whole LL buffer. Above it, and for reduce_scatter,
+two_shot. all_gather's LL kernel runs up to the whole LL buffer (its own limit,
+``_backend.allgather_ll_bytes``), but an output that registers runs the push into
+registered outputs from where the model prices that below LL
+(``allgather_register_ll_bytes``). Above the LL limit, and for reduce_scatter,
 ``nvshmem_thresholds`` says from which size pull replaces push.
 """
 
@@ -127,16 +128,12 @@ def thresholds(profile, p: int) -> dict:
     return out
 
 
-def allgather_ll_bytes(profile, p: int, register_bytes: int) -> dict:
-    """Per peer memory, the largest all_gather (bytes per rank) that runs the LL kernel. Over cuda_ipc,
-    where outputs of at least `register_bytes` (0: never) are registered: LL up to the last size of the
-    grid at which it is predicted no slower than the push into registered outputs, and at least up to
-    the sizes whose outputs are not registered (where no kernel priced here replaces it); at most the
-    LL buffer. Elsewhere (host_mapped, no registration) the whole LL buffer: its alternatives there
-    (NVSHMEM's kernels, the schedule executor, staging) are not priced against it."""
-    out = {m: LL_MAX_BYTES for m in MEMORIES}
-    if register_bytes <= 0:
-        return out
+def allgather_register_ll_bytes(profile, p: int) -> int:
+    """The largest all_gather (bytes per rank) at which LL is predicted no slower than the push into
+    registered outputs over GPU memory at p ranks (the last such size of the grid; at most the LL
+    buffer). Above it, an output that registers (TILECOMM_CUDA_REGISTER_BYTES) runs the push; one that
+    does not, and every all_gather over host_mapped (where nothing registers), keeps LL up to its limit:
+    their alternatives (NVSHMEM's kernels, the schedule executor) are not priced against LL."""
     consts = constants(profile)
 
     def t(kernel, n):
@@ -147,9 +144,7 @@ def allgather_ll_bytes(profile, p: int, register_bytes: int) -> dict:
         if n > LL_MAX_BYTES or t("allgather_push_registered", n) < t("allgather_direct_ll", n):
             break
         ll = n
-    unregistered = -(-register_bytes // p) - 1  # the largest block whose output is below register_bytes
-    out["cuda_ipc"] = min(LL_MAX_BYTES, max(ll, unregistered))
-    return out
+    return ll
 
 
 def nvshmem_thresholds(profile, p: int) -> dict:

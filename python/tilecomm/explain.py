@@ -96,7 +96,7 @@ def direct_lines(world: int, memory: str, profile, cfg, nbytes=None) -> list[str
     or TILECOMM_LL_BYTES / TILECOMM_CUDA_TWO_SHOT_BYTES), and with nbytes every kernel's prediction."""
     from tilecomm import _backend, cuda_model  # noqa: PLC0415
 
-    t = _backend._cuda_thresholds(cfg, profile, world, _backend.register_bytes(cfg, {}))[memory]
+    t = _backend._cuda_thresholds(cfg, profile, world)[memory]
     ll, two = min(t["ll_bytes"], cuda_model.LL_MAX_BYTES), t["two_shot_bytes"]  # LL: at most its buffer
     ranges = []
     if ll > 0:

@@ -130,7 +130,7 @@ def time_entries(entries, x, gout, calls, reps, barrier, timed_eagerly, pick=sta
             ran = timed_eagerly(base)
             if ran:
                 row[f"all_gather:{name}:eager"] = attempt(lambda: eager(ag, calls, reps, barrier, pick))
-            if x.numel() * x.element_size() <= LL_MAX_BYTES:  # larger ones are staged, which cannot be captured
+            if x.numel() * x.element_size() <= LL_MAX_BYTES:  # the LL kernel's range (above it, other kernels)
                 ran = True
                 row[f"all_gather:{name}:graph"] = attempt(lambda: graph(ag, calls, reps, barrier, pick))
             if ran:  # else the last kernel is all_reduce's

@@ -256,10 +256,10 @@ SETTINGS = [
         -1,
         "With `TILECOMM_PROTO=auto`: the largest all_reduce (bytes) or all_gather (bytes per rank) that runs "
         "the LL kernels. -1: for all_reduce, the LL/simple crossover of the selector's CUDA model at the "
-        "group's world size, per peer memory; for all_gather, over GPU memory where outputs are registered "
-        "(`TILECOMM_CUDA_REGISTER_BYTES`), the model's crossover with the push into registered outputs, but "
-        "at least the blocks whose outputs are not registered; else the whole LL buffer. At most 1 MiB (the "
-        "LL buffer) takes effect.",
+        "group's world size, per peer memory; for all_gather, the whole LL buffer (over GPU memory its other "
+        "kernels measured slower up to there), except that an output registered by "
+        "`TILECOMM_CUDA_REGISTER_BYTES` runs the push into the registered outputs from the model's crossover "
+        "with LL. At most 1 MiB (the LL buffer) takes effect.",
     ),
 ]
 

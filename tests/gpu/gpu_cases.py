@@ -1361,9 +1361,10 @@ def gpu_topology(rank, world, gloo):
 
 def auto_kernels(rank, world, gloo):
     """With TILECOMM_PROTO=auto and the shipped CUDA model: all_reduce runs LL up to the model's crossover
-    over GPU memory and a simple kernel above it; all_gather runs LL up to its own limit
-    (cuda_model.allgather_ll_bytes: not all_reduce's) and, where that is below the LL buffer, the push into
-    the registered output above it. Results against the closed form. Returns {case: kernel}."""
+    over GPU memory and a simple kernel above it; all_gather runs LL up to the whole LL buffer (its own
+    limit, not all_reduce's), except that an output that registers (TILECOMM_CUDA_REGISTER_BYTES) runs the
+    push into the registered outputs above the model's crossover with LL. Results against the closed form.
+    Returns {case: kernel}."""
     import tilecomm
     from tilecomm import cuda_model, selector, settings
 
@@ -1382,15 +1383,27 @@ def auto_kernels(rank, world, gloo):
         check(got in want, f"all_reduce of {nbytes} B (LL limit {limit}) ran {got!r}")
     check(tilecomm.gpu_topology()["transport"] == "cuda_ipc", f"transport: {tilecomm.gpu_topology()}")
     register = settings.resolve()["TILECOMM_CUDA_REGISTER_BYTES"]
-    gather = cuda_model.allgather_ll_bytes(profile, world, register)["cuda_ipc"]
-    for nbytes in sorted({gather // 4 * 4, cuda_model.LL_MAX_BYTES}):
+    at = cuda_model.allgather_register_ll_bytes(profile, world)
+    for nbytes in sorted({at, 2 * at, cuda_model.LL_MAX_BYTES}):
+        if nbytes > cuda_model.LL_MAX_BYTES:
+            continue
         n = nbytes // 4
         out = torch.empty(world * n, device=dev())
         dist.all_gather_into_tensor(out, torch.full((n,), float(rank), device=dev()))
         check_equal(out, torch.arange(world, dtype=torch.float32).repeat_interleave(n), f"all_gather of {nbytes} B")
         got = ran[f"all_gather {nbytes}"] = backend().cuda_last_kernel()
-        want = "allgather_direct_ll" if nbytes <= gather else "allgather_push_registered"
-        check(got == want, f"all_gather of {nbytes} B (its LL limit {gather}) ran {got!r}, not {want}")
+        pushed = nbytes > at and nbytes * world >= register
+        want = "allgather_push_registered" if pushed else "allgather_direct_ll"
+        check(got == want, f"all_gather of {nbytes} B (registered outputs leave LL above {at}) ran {got!r}, not {want}")
+    # outputs that are not one range do not register: they keep LL up to the buffer
+    n, gap = cuda_model.LL_MAX_BYTES // 4, 64
+    buf = torch.empty(world * (n + gap), device=dev())
+    parts = [buf[q * (n + gap):q * (n + gap) + n] for q in range(world)]
+    dist.all_gather(parts, torch.full((n,), float(rank), device=dev()))
+    for q in range(world):
+        check_equal(parts[q], torch.full((n,), float(q)), f"all_gather into separate outputs, block {q}")
+    got = ran["all_gather list"] = backend().cuda_last_kernel()
+    check(got == "allgather_direct_ll", f"all_gather of 1 MiB into separate outputs ran {got!r}")
     finish()
     return ran
 
@@ -1532,7 +1545,7 @@ def spawn_nvshmem(rank, world, port, configs, dtypes, ops, sizes, large=()):
         else:
             report[name] = _nvshmem_calls(rank, world, gloo, g, narrower.get("dtypes", dtypes),
                                           narrower.get("ops", ops), sizes, expect, name, in_place, large)
-            if name in ("auto", "push", "put_signal"):
+            if name in ("auto", "push", "pull", "put_signal"):
                 _nvshmem_graph(rank, world, g, name)
         if rank == 0:
             print(f"spawn_nvshmem world={world}: {name} done at {time.monotonic() - start:.0f} s, "
@@ -1549,9 +1562,10 @@ def spawn_nvshmem(rank, world, port, configs, dtypes, ops, sizes, large=()):
 
 def _nvshmem_graph(rank, world, g, name, n=1031, replays=5):
     """Under CUDA graph capture (Note [NVSHMEM capture]): NVSHMEM's kernels that use peer addresses
-    ("auto", and "push" forced by TILECOMM_ALGO) are captured, a reduce_scatter and an all_gather in one
-    graph, and every replay with fresh inputs gives the closed form; with put-with-signal forced
-    ("put_signal"), the capture is refused, saying why, and the group still works."""
+    ("auto", "push" and "pull", the last two forced by TILECOMM_ALGO) are captured, a reduce_scatter and
+    an all_gather in one graph (auto's all_gather of this size runs LL), and every replay with fresh
+    inputs gives the closed form; with put-with-signal forced ("put_signal"), the capture is refused,
+    saying why, and the group still works."""
     be = g._get_backend(torch.device("cuda"))
     inp, out = torch.empty(world * n, device=dev()), torch.empty(n, device=dev())
     shard, gathered = torch.empty(n, device=dev()), torch.empty(world * n, device=dev())
@@ -1578,8 +1592,8 @@ def _nvshmem_graph(rank, world, g, name, n=1031, replays=5):
         dist.all_gather_into_tensor(gathered, shard, group=g)
         gather = be.cuda_last_kernel()
     check(captured == eager, f"{name}: captured reduce_scatter ran {captured!r}, eagerly {eager!r}")
-    if name == "push":
-        check(gather == "allgather_nvshmem_push", f"push: captured all_gather ran {gather!r}")
+    if name in ("push", "pull"):
+        check(gather == f"allgather_nvshmem_{name}", f"{name}: captured all_gather ran {gather!r}")
     for k in range(replays):
         inp.copy_(torch.arange(world * n, dtype=torch.float32) + rank + k)
         shard.copy_(torch.arange(n, dtype=torch.float32) + rank * n - k)

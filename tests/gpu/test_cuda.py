@@ -215,8 +215,9 @@ def test_gpu_topology(pools, world, config):
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_auto_kernels_follow_the_model(pools, world):
-    """all_reduce: LL up to the CUDA model's crossover, a simple kernel above; all_gather: LL up to its
-    own limit, whatever all_reduce's crossover, and the push into registered outputs above it."""
+    """all_reduce: LL up to the CUDA model's crossover, a simple kernel above; all_gather: LL up to the
+    LL buffer whatever all_reduce's crossover, but the push into registered outputs from the model's
+    crossover where the output registers (separate outputs keep LL)."""
     ran = pools.run(world, CONFIGS["auto"], "auto_kernels")
     assert all(r == ran[0] for r in ran), ran
 

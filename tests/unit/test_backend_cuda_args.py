@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch.distributed as dist
 
-from tilecomm import _backend, _C, algorithms, executor_model, selector
+from tilecomm import _backend, _C, algorithms, cuda_model, executor_model, selector
 
 topology = importlib.import_module("tilecomm.topology")  # the package exports a function of that name
 
@@ -56,6 +56,10 @@ def test_set_cuda_gets_the_executors_tables(cuda_build):
         assert tables[0][algorithms.COLLECTIVES.index("broadcast")]  # collectives the executor runs have one
         assert not tables[0][algorithms.COLLECTIVES.index("all_to_all")]  # the others none
         assert len(kwargs["ll_bytes"]) == 3 and len(kwargs["register_bytes"]) == 3
+        # uint64_t each: all_gather's LL limit, and from where a registered output leaves LL
+        assert kwargs["allgather_ll_bytes"] == cuda_model.LL_MAX_BYTES
+        want = cuda_model.allgather_register_ll_bytes(selector.DEFAULT_PROFILE, 1)
+        assert kwargs["allgather_register_ll_bytes"] == want
     finally:
         del pg
 

@@ -112,41 +112,29 @@ def test_register_bytes_per_collective():
 
 
 def test_allgather_ll_limit_is_its_own():
-    """all_gather's LL limit is not all_reduce's crossover: over GPU memory it runs LL at least up to the
-    blocks whose outputs are not registered, and where the model prices the push into registered outputs
-    below LL it ends there; over host memory, and without registration, it runs up to the whole LL
-    buffer. TILECOMM_LL_BYTES sets both limits."""
-    from tilecomm import _backend, cuda_model, selector  # noqa: PLC0415
+    """all_gather runs LL up to the whole LL buffer, whatever all_reduce's crossover of the CUDA model; an
+    output that registers leaves LL from where the model prices the push into registered outputs below
+    it. TILECOMM_LL_BYTES sets all of them."""
+    from tilecomm import _backend, cuda_model  # noqa: PLC0415
 
     cfg = settings.resolve({})
-    size = cfg["TILECOMM_CUDA_REGISTER_BYTES"]
+    full = cuda_model.LL_MAX_BYTES
+    assert _backend.allgather_ll_bytes(cfg) == full
+    # the shipped model's all_reduce crossover over GPU memory is below the LL buffer from 4 ranks
+    assert cuda_model.thresholds({}, 4)["cuda_ipc"]["ll_bytes"] < full
     consts = cuda_model.constants({})
 
     def t(kernel, world, n):
         return cuda_model.predict(kernel, world, n, consts, "cuda_ipc")
 
-    def limits(cfg, world, forced=None):
-        got = _backend._cuda_thresholds(cfg, {}, world, _backend.register_bytes(cfg, forced or {}))
-        return {m: got[m]["allgather_ll_bytes"] for m in cuda_model.MEMORIES}
-
-    full = cuda_model.LL_MAX_BYTES
-    # 2 ranks: every block of the LL buffer has an output below the registration size
-    assert size // 2 > full and limits(cfg, 2) == {m: full for m in cuda_model.MEMORIES}
-    # 4 and 8 ranks: registered from size / world per rank, where the shipped model prices the push below LL
-    for world in (4, 8):
-        got = limits(cfg, world)
-        assert got["cuda_ipc"] == size // world - 1 < full, (world, got)
-        assert got["host_mapped"] == got["nvshmem"] == full
-        assert t("allgather_push_registered", world, size // world) < t("allgather_direct_ll", world, size // world)
-    # the shipped model's all_reduce crossover over GPU memory is below the LL buffer from 4 ranks
-    assert cuda_model.thresholds({}, 4)["cuda_ipc"]["ll_bytes"] < full
-    # no registration (off, or an all_gather forced): the whole buffer
-    assert limits(settings.resolve({"TILECOMM_CUDA_REGISTER_BYTES": "0"}), 4)["cuda_ipc"] == full
-    assert limits(cfg, 4, selector.parse_forced("all_gather:ring"))["cuda_ipc"] == full
-    # outputs of every size registered: the model's crossover alone, LL wins up to it and loses after
-    every = limits(settings.resolve({"TILECOMM_CUDA_REGISTER_BYTES": "1"}), 4)["cuda_ipc"]
-    assert 0 < every < full
-    assert t("allgather_direct_ll", 4, every) <= t("allgather_push_registered", 4, every)
-    assert t("allgather_direct_ll", 4, 2 * every) > t("allgather_push_registered", 4, 2 * every)
+    for world in (2, 4, 8):
+        at = _backend.allgather_register_ll_bytes(cfg, {}, world)
+        assert at == cuda_model.allgather_register_ll_bytes({}, world)
+        assert 0 < at < full, (world, at)  # the push overtakes LL inside the LL buffer from 2 ranks
+        assert t("allgather_direct_ll", world, at) <= t("allgather_push_registered", world, at)
+        assert t("allgather_direct_ll", world, 2 * at) > t("allgather_push_registered", world, 2 * at)
+    # more ranks: LL writes 2 (p - 1) bytes per byte, the push p, so the push overtakes it sooner
+    assert cuda_model.allgather_register_ll_bytes({}, 8) <= cuda_model.allgather_register_ll_bytes({}, 2)
     for value in ("4096", "0"):
-        assert set(limits(settings.resolve({"TILECOMM_LL_BYTES": value}), 4).values()) == {int(value)}
+        forced = settings.resolve({"TILECOMM_LL_BYTES": value})
+        assert _backend.allgather_ll_bytes(forced) == _backend.allgather_register_ll_bytes(forced, {}, 4) == int(value)
