@@ -824,12 +824,14 @@ bool CudaGroup::allReduceRegistered(CudaOp& op, at::Tensor& t, DType dtype, RedO
   return true;
 }
 
-bool CudaGroup::allGatherRegisterEligible(uint64_t nbytes) const {
+bool CudaGroup::allGatherRegisterEligible(uint64_t nbytes, bool one_range) const {
   const uint64_t from = settings_.allgather_register_bytes;  // 0 where TILECOMM_ALGO forces an all_gather
   // Above the LL limit; and with TILECOMM_PROTO=auto, under it too from where the CUDA model prices the push
-  // into registered outputs below LL (an output that does not register then runs LL).
+  // into registered outputs below LL, for an output that is one range on every rank (a list of outputs
+  // would pay the exchange and then, mostly, run LL anyway). An output that does not register runs LL.
   return from > 0 && settings_.ipc_bytes > 0 && nbytes > 0 && nbytes * world_ >= from && world_ <= cuda::kMaxRanks &&
-         (!allGatherLL(nbytes) || (settings_.proto == "auto" && nbytes > settings_.allgather_register_ll_bytes));
+         (!allGatherLL(nbytes) ||
+          (one_range && settings_.proto == "auto" && nbytes > settings_.allgather_register_ll_bytes));
 }
 
 bool CudaGroup::allGatherRegistered(CudaOp& op, const at::Tensor& in, const std::vector<void*>& outs,

@@ -55,7 +55,8 @@
 // allocation address); a new id at a known address means the old allocation was freed: its
 // mapping is closed), and one two-shot kernel reads and stores every rank's tensor in place
 // (cuda/blocks.h, allReduceRegistered). all_gather does the same with its output where that is one range
-// (all_gather_into_tensor) of at least TILECOMM_CUDA_REGISTER_BYTES above the LL limit, unless
+// (all_gather_into_tensor) of at least TILECOMM_CUDA_REGISTER_BYTES above the LL limit (with
+// TILECOMM_PROTO=auto, all_gather_into_tensor above the CUDA model's crossover with LL too), unless
 // TILECOMM_ALGO forces an all_gather algorithm: each rank stores its block straight into every
 // rank's output (allgather_nvshmem_push.cu over cuda_ipc: n read, p x n written). With
 // TILECOMM_CUDA_ALLTOALL=registered, an all_to_all_single of equal blocks does the same with its
@@ -340,8 +341,10 @@ class CudaGroup {
   void allReduceDirect(CudaOp& op, at::Tensor& t, DType dtype, RedOp rop, int64_t timeout_ms);
   /// At issue: whether an all_gather of nbytes per rank tries registered outputs (Note [Registered
   /// tensors]; decided from the call alone): from TILECOMM_CUDA_REGISTER_BYTES of output, above the
-  /// LL limit, unless TILECOMM_ALGO forces an all_gather algorithm.
-  bool allGatherRegisterEligible(uint64_t nbytes) const;
+  /// LL limit, unless TILECOMM_ALGO forces an all_gather algorithm; with TILECOMM_PROTO=auto, an
+  /// output that is one range on every rank (`one_range`: all_gather_into_tensor) also under the LL
+  /// limit, above the CUDA model's crossover (allgather_register_ll_bytes).
+  bool allGatherRegisterEligible(uint64_t nbytes, bool one_range) const;
   /// In a task, inside CudaOp::run: the push all_gather of `in` into every rank's output in place,
   /// over cuda_ipc, where every rank's output (outs[q]: its blocks) is one range that could be
   /// registered; false (on every rank) where not: another path runs.

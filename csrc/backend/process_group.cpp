@@ -581,12 +581,12 @@ ProcessGroupTilecomm::Direct ProcessGroupTilecomm::directAllReduce(const at::Ten
 }
 
 ProcessGroupTilecomm::Direct ProcessGroupTilecomm::directAllGather(const at::Tensor& in, std::vector<void*> outs,
-                                                                 int64_t timeout_ms) {
+                                                                 bool one_range, int64_t timeout_ms) {
 #ifdef TILECOMM_WITH_CUDA
   if (!cuda_ || !in.is_cuda()) return nullptr;
   // Note [Registered tensors]: outputs registered in place first (large calls), then NVSHMEM's kernels
   // or LL (NVSHMEM's are offered only above the LL limit); every answer is the same on every rank.
-  const bool registered = cuda_->allGatherRegisterEligible(in.nbytes());
+  const bool registered = cuda_->allGatherRegisterEligible(in.nbytes(), one_range);
   const auto blocks = cuda_->allGatherBlocks(in.nbytes());
   const bool ll = cuda_->allGatherLL(in.nbytes());
   if (!registered && !blocks && !ll) return nullptr;
@@ -607,7 +607,7 @@ ProcessGroupTilecomm::Direct ProcessGroupTilecomm::directAllGather(const at::Ten
     return true;
   };
 #else
-  (void)in, (void)outs, (void)timeout_ms;
+  (void)in, (void)outs, (void)one_range, (void)timeout_ms;
   return nullptr;
 #endif
 }
@@ -902,7 +902,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::_allgather_base(at::Tensor&
   std::vector<void*> blocks;
   for (int r = 0; in.is_cuda() && r < size_; ++r)
     blocks.push_back(static_cast<char*>(out.data_ptr()) + r * in.nbytes());
-  Direct direct = directAllGather(in, std::move(blocks), timeout);
+  Direct direct = directAllGather(in, std::move(blocks), true, timeout);
   return launch(c10d::OpType::_ALLGATHER_BASE, opts.asyncOp, {out}, {in}, {out}, [=](const Host& h) {
     at::Tensor flat = h(out).view({-1});
     flat.narrow(0, rank_ * in.numel(), in.numel()).copy_(h(in).view({-1}));
@@ -922,7 +922,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::allgather(std::vector<std::
   int64_t timeout = timeoutOf(opts.timeout, timeout_ms_);
   std::vector<void*> blocks;
   for (size_t r = 0; in.is_cuda() && r < outs.size(); ++r) blocks.push_back(outs[r].data_ptr());
-  Direct direct = directAllGather(in, std::move(blocks), timeout);
+  Direct direct = directAllGather(in, std::move(blocks), false, timeout);
   return launch(c10d::OpType::ALLGATHER, opts.asyncOp, outs, {in}, outs, [=](const Host& h) {
     at::Tensor x = h(in);
     at::Tensor buf = at::empty({size_ * in.numel()}, x.options());

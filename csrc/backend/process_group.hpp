@@ -200,7 +200,7 @@ class ProcessGroupTilecomm : public c10d::Backend {
   Direct directAllReduce(const at::Tensor& t, DType dtype, const c10d::ReduceOp& op, int64_t timeout_ms);
   /// all_gather of a CUDA tensor by a direct kernel (NVSHMEM, or LL) into outs (one per rank), when it
   /// qualifies (else null).
-  Direct directAllGather(const at::Tensor& in, std::vector<void*> outs, int64_t timeout_ms);
+  Direct directAllGather(const at::Tensor& in, std::vector<void*> outs, bool one_range, int64_t timeout_ms);
   /// reduce_scatter of CUDA tensors into out by an NVSHMEM kernel, when it qualifies (else null): ins
   /// holds one tensor per rank, or (contiguous) one tensor of every rank's block.
   Direct directReduceScatter(std::vector<at::Tensor> ins, bool contiguous, const at::Tensor& out, DType dtype,

@@ -184,7 +184,8 @@ SETTINGS = [
         "Over cuda_ipc: all_reduce messages of at least this many bytes (with `TILECOMM_CUDA_ALLREDUCE=auto`) "
         "register the ranks' tensors (each rank's CUDA allocation exported, and opened once by every peer, "
         "cached) and run the two-shot kernel on them in place, with no staging copy; all_gather outputs of at "
-        "least this many bytes that are one range (all_gather_into_tensor), above the LL limit and unless "
+        "least this many bytes that are one range (all_gather_into_tensor), above the LL limit (with "
+        "`TILECOMM_PROTO=auto`, above the CUDA model's crossover with LL) and unless "
         "`TILECOMM_ALGO` forces an all_gather algorithm, are registered likewise and written in place by the push "
         "kernel; so are all_to_all_single outputs with `TILECOMM_CUDA_ALLTOALL=registered`. 0: never. Tensors "
         "that cannot be exported (expandable segments, memory not from cudaMalloc) "
@@ -209,7 +210,8 @@ SETTINGS = [
         "8 data bytes travel with their own flags, no separate flag round); `simple`: never (all_reduce runs as "
         "`TILECOMM_CUDA_ALLREDUCE` says, all_gather is staged); `auto`: LL up to the LL limits "
         "(`TILECOMM_LL_BYTES`; by default the CUDA model's crossover per peer memory for all_reduce, the whole "
-        "LL buffer for all_gather). LL "
+        "LL buffer for all_gather, less for an all_gather_into_tensor output that registers: "
+        "`TILECOMM_CUDA_REGISTER_BYTES`). LL "
         "never replaces an all_reduce that `TILECOMM_CUDA_ALLREDUCE=staged` stages.",
         ("auto", "ll", "simple"),
     ),

@@ -26,7 +26,7 @@ def cuda_build(monkeypatch):
     monkeypatch.setattr(_C, "HAS_CUDA", True, raising=False)
     monkeypatch.setattr(_C, "ProcessGroupTilecomm", _RecordingGroup)
     monkeypatch.setattr(topology, "host_gpu_links", lambda: [])
-    for key in ("TILECOMM_ALGO", "TILECOMM_PROFILE", "TILECOMM_TRANSPORT"):
+    for key in ("TILECOMM_ALGO", "TILECOMM_PROFILE", "TILECOMM_TRANSPORT", "TILECOMM_LL_BYTES"):
         monkeypatch.delenv(key, raising=False)
     _RecordingGroup.calls = []
     yield _RecordingGroup.calls
