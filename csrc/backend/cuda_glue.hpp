@@ -317,7 +317,8 @@ class CudaGroup {
   std::optional<cuda::BlockAlgo> allReduceBlocks(uint64_t nbytes, DType dtype, RedOp op) const;
   /// In a task: the NVSHMEM algorithm to run for `algo` (the same answer on every rank), or nullopt
   /// (the call takes the schedule executor or is staged) where the NVSHMEM transport is not up or,
-  /// unforced, under CUDA graph capture, which cannot hold NVSHMEM's kernels; the first call sets it up with
+  /// unforced, under CUDA graph capture where it cannot be held (Note [NVSHMEM capture]: the set-up,
+  /// put-with-signal); the first call sets it up with
   /// every rank (Note [NVSHMEM lifetime] in cuda/nvshmem.h). Unforced pull becomes push where the
   /// group moves data with put-with-signal; a forced algorithm (TILECOMM_ALGO, or
   /// TILECOMM_CUDA_ALLREDUCE=nvshmem_two_shot) that cannot run throws Error(kInvalid) saying why.

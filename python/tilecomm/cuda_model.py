@@ -104,26 +104,34 @@ def predict(kernel: str, p: int, nbytes: int, consts: dict, memory: str) -> floa
     return c["alpha_s"] + rounds + k.wire(p) * nbytes * c["beta_s_per_byte"]
 
 
+_GRID = [1 << k for k in range(4, 41)]  # the sizes a crossover is placed at: 16 B to 1 TiB
+
+
+def _ll_up_to(loses) -> int:
+    """The last size of the grid before the first at which LL loses (loses(n)); at most the LL buffer."""
+    ll = 0
+    for n in _GRID:
+        if n > LL_MAX_BYTES or loses(n):
+            break
+        ll = n
+    return ll
+
+
 def thresholds(profile, p: int) -> dict:
     """Per peer memory: ``ll_bytes`` (all_reduce up to this size runs LL; at most the LL buffer) and
     ``two_shot_bytes`` (from this size on the simple path runs two_shot), from the model at p ranks."""
     consts = constants(profile)
     out = {}
-    sizes = [1 << k for k in range(4, 41)]
     for m in MEMORIES:
         def t(kernel, n, m=m):
             return predict(kernel, p, n, consts, m)
 
-        two_shot = next((n for n in sizes if t("allreduce_two_shot", n) < t("allreduce_one_shot", n)), NEVER)
+        two_shot = next((n for n in _GRID if t("allreduce_two_shot", n) < t("allreduce_one_shot", n)), NEVER)
 
         def simple(n, two_shot=two_shot):
             return t("allreduce_two_shot" if n >= two_shot else "allreduce_one_shot", n)
 
-        ll = 0
-        for n in sizes:
-            if n > LL_MAX_BYTES or t("allreduce_one_shot_ll", n) > simple(n):
-                break
-            ll = n
+        ll = _ll_up_to(lambda n, t=t, simple=simple: t("allreduce_one_shot_ll", n) > simple(n))
         out[m] = {"ll_bytes": ll, "two_shot_bytes": two_shot}
     return out
 
@@ -139,25 +147,19 @@ def allgather_register_ll_bytes(profile, p: int) -> int:
     def t(kernel, n):
         return predict(kernel, p, n, consts, "cuda_ipc")
 
-    ll = 0
-    for n in (1 << k for k in range(4, 41)):
-        if n > LL_MAX_BYTES or t("allgather_push_registered", n) < t("allgather_direct_ll", n):
-            break
-        ll = n
-    return ll
+    return _ll_up_to(lambda n: t("allgather_push_registered", n) < t("allgather_direct_ll", n))
 
 
 def nvshmem_thresholds(profile, p: int) -> dict:
     """``all_gather_pull_bytes`` and ``reduce_scatter_pull_bytes``: from which size (bytes per rank's block)
     the pull kernel's prediction at p ranks is below push's (NEVER if at no size up to 1 TiB)."""
     consts = constants(profile)
-    sizes = [1 << k for k in range(4, 41)]
     out = {}
     for coll, short in (("all_gather", "allgather"), ("reduce_scatter", "reducescatter")):
         def t(kind, n, short=short):
             return predict(f"{short}_nvshmem_{kind}", p, n, consts, "nvshmem")
 
-        out[f"{coll}_pull_bytes"] = next((n for n in sizes if t("pull", n) < t("push", n)), NEVER)
+        out[f"{coll}_pull_bytes"] = next((n for n in _GRID if t("pull", n) < t("push", n)), NEVER)
     return out
 
 
