@@ -41,6 +41,19 @@ struct RelaxedCapture {
 std::vector<uint8_t> toBytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
 std::string fromBytes(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
 
+/// The PCI bus id of a device as canonicalBusId writes it ("" if unknown).
+std::string busIdOf(int device) {
+  char bus[32] = {0};
+  return cudaDeviceGetPCIBusId(bus, sizeof(bus), device) == cudaSuccess ? canonicalBusId(bus) : "";
+}
+
+/// Whether every rank's bus id (everyRank) names one known GPU (Note [Fence scope]).
+bool oneGpu(const std::vector<std::string>& devices) {
+  for (const std::string& d : devices)
+    if (d.empty() || d != devices[0]) return devices.size() == 1;
+  return true;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- events
@@ -376,12 +389,8 @@ bool CudaGroup::setUpIpc() {
   // Note [Issue order]), so the Store exchanges cannot mismatch.
   std::lock_guard<std::mutex> lk(topo_mu_);  // topo_, read by topology() from other threads
   const std::string key = prefix_ + "cuda_peers/";
-  char bus[32] = {0};
-  const std::string mine =
-      cudaDeviceGetPCIBusId(bus, sizeof(bus), device_->index()) == cudaSuccess ? canonicalBusId(bus) : "";
-  topo_.devices = everyRank(key + "device/", mine);
+  topo_.devices = everyRank(key + "device/", busIdOf(device_->index()));
   bool no_peer_access = false;
-  bool one_gpu = true;  // every pair shares one GPU (Note [Fence scope] in cuda/primitives.cuh)
   topo_.links.assign(world_, std::vector<std::string>(world_));
   for (int r = 0; r < world_; ++r) {
     for (int q = 0; q < world_; ++q) {
@@ -390,7 +399,6 @@ bool CudaGroup::setUpIpc() {
       auto it = settings_.gpu_links.find(a + " " + b);
       if (link == "unknown" && it != settings_.gpu_links.end()) link = it->second;
       no_peer_access |= link == "none";
-      one_gpu &= link == "self" || link == "same_gpu";
       topo_.links[r][q] = link;
     }
   }
@@ -400,7 +408,7 @@ bool CudaGroup::setUpIpc() {
   kinds.push_back(cuda::PeerMemory::kHostMapped);
   for (cuda::PeerMemory m : kinds) {
     if (!tryMemory(m)) continue;
-    ipc_->setOneGpu(one_gpu && settings_.fence == "auto");  // the same on every rank
+    ipc_->setOneGpu(oneGpu(topo_.devices) && settings_.fence == "auto");  // the same on every rank
     setUpPrograms();
     topo_.transport = cuda::peerMemoryName(m);
     startWatchdog();
@@ -581,6 +589,9 @@ bool CudaGroup::setUpNvshmemOnce() {
       // moves data with put-with-signal.
       nvs_direct_ = settings_.nvshmem_data == "auto" &&
                     agree("direct", t->allDirect() ? "" : "no peer address of some rank's area").empty();
+      // Note [Fence scope]: with every PE on this one GPU, the heap is that GPU's memory. Not with
+      // put-with-signal, whose flags NVSHMEM writes.
+      t->setOneGpu(nvs_direct_ && settings_.fence == "auto" && oneGpu(everyRank(key + "device/", busIdOf(device_->index()))));
       std::lock_guard<std::mutex> lk(watch_mu_);
       nvs_ = std::move(t);
     }
@@ -952,7 +963,8 @@ std::string CudaGroup::status() const {
          (ipc_state_ == Ipc::kOn ? " memory=" + topo_.transport + " fence=" + (ipc_->oneGpu() ? "gpu" : "system")
                                  : "") +
          " nvshmem=" +
-         (nvs_state_ == Ipc::kOn ? std::string(nvs_direct_ ? "on" : "on (put_signal)")
+         (nvs_state_ == Ipc::kOn ? std::string(nvs_direct_ ? "on" : "on (put_signal)") + " nvshmem_fence=" +
+                                       (nvs_->oneGpu() ? "gpu" : "system")
           : nvs_state_ == Ipc::kOff ? "off (" + nvs_why_ + ")"
           : settings_.nvshmem_lib.empty() ? "not offered (" + settings_.nvshmem_why + ")"
                                           : "unset") +

@@ -237,10 +237,10 @@ class PeerTransport {
   /// and which kernels run, depend on it, so every rank must use the same: Note [Block budget]).
   void agreeBudget(int agreed) { block_budget_ = std::max(1, std::min(block_budget_, agreed)); }
   const PeerTable& peers() const { return peers_; }
-  /// Note [Fence scope]: whether every rank's area is memory of this rank's own GPU (cuda_ipc, all
-  /// ranks on one GPU), so that the kernels publish to peers with GPU-scope fences.
+  /// Note [Fence scope]: whether every rank's area is memory of this rank's own GPU (cuda_ipc or
+  /// NVSHMEM's heap, all ranks on one GPU), so that the kernels publish to peers with GPU-scope fences.
   bool oneGpu() const { return one_gpu_; }
-  void setOneGpu(bool v) { one_gpu_ = v && memory_ == PeerMemory::kCudaIpc; }
+  void setOneGpu(bool v) { one_gpu_ = v && memory_ != PeerMemory::kHostMapped; }
   /// Launch id of the next direct kernel launched from the host (from 1). A kernel replayed from
   /// a CUDA graph keeps the id it was captured with; sequence numbers come from the device.
   uint64_t nextLaunch() { return ++launches_; }

@@ -109,10 +109,11 @@ __device__ __forceinline__ void acquireFromPeers(bool one_gpu) {
 // must follow every store it made into their areas, for whoever reads it: peers' kernels, and
 // peers' host threads copying the counter in drain(). In general they are on other GPUs, or the
 // areas are host memory, and the fence is system-scope. When every rank's area is memory of one
-// GPU (cuda_ipc with all ranks sharing that GPU: CallArgs::one_gpu), all those readers go
-// through that GPU's memory, and a GPU-scope fence suffices; it is cheaper (measured in
-// docs/benchmarks.md). Waiters poll with system-scope relaxed loads and acquire at the same
-// scope as the publisher released (Note [Release stores]).
+// GPU (cuda_ipc or NVSHMEM's heap with all ranks sharing that GPU: CallArgs::one_gpu), all those
+// readers go through that GPU's memory, and a GPU-scope fence suffices; it is cheaper (measured
+// in docs/benchmarks.md). Not where NVSHMEM's put-with-signal writes the flags a kernel waits
+// on: NVSHMEM publishes those at its own scope. Waiters poll with system-scope relaxed loads and
+// acquire at the same scope as the publisher released (Note [Release stores]).
 //
 // Note [Release stores]: the direct kernels publish a flag or their end of call with one release
 // store by thread 0 after the block's barrier; the release is cumulative, so it also orders the

@@ -220,8 +220,9 @@ SETTINGS = [
         str,
         "auto",
         "Scope of the fences with which the direct CUDA kernels publish flags and their end of call to peers "
-        "(CUDA builds). `auto`: GPU scope when every rank of the group shares one GPU over cuda_ipc (their "
-        "memory is that GPU's), system scope otherwise; `system`: always system scope.",
+        "(CUDA builds). `auto`: GPU scope when every rank of the group shares one GPU over cuda_ipc or "
+        "NVSHMEM's heap (their memory is that GPU's; not with NVSHMEM's put-with-signal), system scope "
+        "otherwise; `system`: always system scope.",
         ("auto", "system"),
     ),
     Setting(

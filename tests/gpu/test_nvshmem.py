@@ -84,5 +84,8 @@ def test_nvshmem_collectives(world, part):
             # even ranks passed symmetric inputs (pull reads them in place) and outputs (push writes them)
             if rank % 2 == 0 and config in ("push", "pull", "all_reduce"):
                 assert "in_place_calls=0" not in status, (rank, config, status)
+            # Note [Fence scope]: every PE shares the one GPU; NVSHMEM writes put-with-signal's flags
+            fence = "system" if config == "put_signal" else "gpu"
+            assert f"nvshmem_fence={fence}" in status, (rank, config, status)
             if config == "put_signal":
                 assert "put_signal" in status, status
