@@ -5,8 +5,10 @@
 // `rank` of the peer's staging buffer (or NVSHMEM's put-with-signal did that
 // from the host, without the announcement); raises one push flag per peer and
 // waits on its own memory only; a staged rank then copies the slots into its
-// output. Cost: two flag rounds (one with put-with-signal); per rank (p-1) x n
-// written to peers, plus (p-1) x n copied locally when staged. With outputs on
+// output. A small call stages on every rank and is not announced (Note [Small
+// pushes] in blocks.cu). Cost: two flag rounds (one when small or with
+// put-with-signal); per rank (p-1) x n written to peers, plus (p-1) x n copied
+// locally when staged. With outputs on
 // the heap it moves the least any all_gather can: n read, p x n written. The
 // same kernel runs over cuda_ipc into registered outputs (Note [Registered
 // tensors] in backend/cuda_glue.hpp): the host mapped every rank's output
@@ -25,14 +27,19 @@ __global__ void __launch_bounds__(kThreads, 2) allgatherPushKernel(BlockArgs a) 
   char* dst[kMaxRanks];
   bool staged[kMaxRanks], aligned[kMaxRanks];
   if (a.write) {
-    publishDest(a, c.seq);
-    signal(a, 0, c.seq);
-    ok = waitPeers(a, 0, c.seq);
+    if (a.announce) {
+      publishDest(a, c.seq);
+      signal(a, 0, c.seq);
+      ok = waitPeers(a, 0, c.seq);
+    }
     for (int q = 0; ok && q < a.world; ++q) {
       if (q == a.rank) continue;
       if (a.dest == kRegisteredSource) {  // the host mapped every output
         dst[q] = a.tensor[q] + a.rank * a.stride;
         staged[q] = false;
+      } else if (!a.announce) {  // Note [Small pushes]: slot `rank` of q's staging buffer
+        dst[q] = stagingOf(a.peers.base[q], a.capacity, c.seq) + a.rank * a.slot;
+        staged[q] = true;
       } else {
         dst[q] = destBlock(a, q, c.seq, &staged[q]);
       }

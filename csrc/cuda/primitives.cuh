@@ -71,6 +71,7 @@ struct BlockArgs : CallArgs {
   int64_t source;             // where peers read this rank's input: sourceOf() (kStagedSource: staged)
   int64_t dest;               // all_gather push: where peers write this rank's output: destOf()
   bool write;                 // push: the kernel stores the data into the peers (false: NVSHMEM put it there)
+  bool announce;              // all_gather push: learn each peer's output from destOf() (false: all staged)
   char* tensor[kMaxRanks];    // registered tensors (source or dest kRegisteredSource): rank q's, mapped here
 };
 
