@@ -3,9 +3,11 @@
 // and announces it; then reads every peer's block through nvshmem_ptr
 // addresses with 16-byte loads, rank r starting at peer r+1 so that the peers
 // are not all read at once; a rank read in place waits until every peer is
-// done. Cost: one flag round (two when read in place); per rank n staged
-// (none in place) and (p-1) x n read from peers. Wins from the in-place case:
-// no staging copy at all.
+// done. A small call stages on every rank and reads peers' staging buffers
+// without asking where their blocks lie (Note [Small calls] in blocks.cu).
+// Cost: one flag round (two when read in place); per rank n staged (none in
+// place) and (p-1) x n read from peers. Wins from the in-place case: no
+// staging copy at all.
 #include "cuda/blocks_launch.cuh"
 
 namespace tilecomm::cuda {
@@ -31,16 +33,18 @@ __global__ void __launch_bounds__(kThreads, 2) allgatherPullKernel(BlockArgs a) 
       storeUser(a.out[a.rank], v + u * w.step, a.nbytes, own_aligned, x[u]);
     }
   }
-  publishSource(a, c.seq);
+  if (!a.all_staged) publishSource(a, c.seq);
   signal(a, 0, c.seq);
   // read: peer q's block into output block q
   const bool ok = waitPeers(a, 0, c.seq);
   for (int i = 1; ok && i < a.world; ++i) {
     const int q = (a.rank + i) % a.world;
-    copyVectors(sourceBlock(a, q, c.seq, 0), a.out[q], a.nbytes, w);
+    const char* from = a.all_staged ? stagingOf(a.peers.base[q], a.capacity, c.seq) : sourceBlock(a, q, c.seq, 0);
+    copyVectors(from, a.out[q], a.nbytes, w);
   }
-  // done: a rank read in place may change its input once every peer has read it
-  signal(a, 1, c.seq);
+  // done: a rank read in place may change its input once every peer has read it (no rank is, when all
+  // are staged)
+  if (!a.all_staged) signal(a, 1, c.seq);
   if (ok && !staged) waitPeers(a, 1, c.seq);
   endCall(a, c);
 }

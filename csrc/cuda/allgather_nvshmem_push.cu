@@ -6,7 +6,7 @@
 // from the host, without the announcement); raises one push flag per peer and
 // waits on its own memory only; a staged rank then copies the slots into its
 // output. A small call stages on every rank and is not announced (Note [Small
-// pushes] in blocks.cu). Cost: two flag rounds (one when small or with
+// calls] in blocks.cu). Cost: two flag rounds (one when small or with
 // put-with-signal); per rank (p-1) x n written to peers, plus (p-1) x n copied
 // locally when staged. With outputs on
 // the heap it moves the least any all_gather can: n read, p x n written. The
@@ -27,7 +27,7 @@ __global__ void __launch_bounds__(kThreads, 2) allgatherPushKernel(BlockArgs a) 
   char* dst[kMaxRanks];
   bool staged[kMaxRanks], aligned[kMaxRanks];
   if (a.write) {
-    if (a.announce) {
+    if (!a.all_staged) {
       publishDest(a, c.seq);
       signal(a, 0, c.seq);
       ok = waitPeers(a, 0, c.seq);
@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(kThreads, 2) allgatherPushKernel(BlockArgs a) 
       if (a.dest == kRegisteredSource) {  // the host mapped every output
         dst[q] = a.tensor[q] + a.rank * a.stride;
         staged[q] = false;
-      } else if (!a.announce) {  // Note [Small pushes]: slot `rank` of q's staging buffer
+      } else if (a.all_staged) {  // Note [Small calls]: slot `rank` of q's staging buffer
         dst[q] = stagingOf(a.peers.base[q], a.capacity, c.seq) + a.rank * a.slot;
         staged[q] = true;
       } else {

@@ -23,13 +23,15 @@ const char* blockAlgoName(BlockAlgo a) {
 }
 
 namespace {
-// Note [Small pushes]: the all_gather push announces where every rank's output lies (a flag round)
-// so that peers may store into outputs on the symmetric heap in place. Up to kSmallPushBytes per
-// rank it does not: every rank's output is staged, and peers store into slot `rank` of its staging
-// buffer straight away, as the reduce_scatter push does (Note [Staging parity] says why that slot
-// is free). The copy out of the slots, (p - 1) x n bytes of the GPU's own memory, costs less than
-// the round there (docs/benchmarks.md). Every rank decides from the call's size, so all agree.
-constexpr uint64_t kSmallPushBytes = 64 << 10;
+// Note [Small calls]: an all_gather lets peers use a rank's input (pull) or output (push) in place
+// on the symmetric heap, which costs a flag round: push announces where every output lies before
+// any store, and a pull rank read in place waits until every peer is done (phase 1). Up to
+// kSmallBytes per rank neither happens: every rank stages, push stores into slot `rank` of each
+// peer's staging buffer straight away, as the reduce_scatter push does (Note [Staging parity] says
+// why that slot is free), and pull reads peers' staging buffers without their source words and
+// raises no phase 1. The staging copies, a few KiB of the GPU's own memory, cost less than the
+// round (docs/benchmarks.md). Every rank decides from the call's size, so all agree.
+constexpr uint64_t kSmallBytes = 64 << 10;
 
 /// Thread blocks of a kernel whose walk spans `span` bytes (all_reduce: of each part; Note [Grid walk]).
 // NOTE: the grid depends on the size only, so every rank's block b covers the same vectors and
@@ -60,13 +62,13 @@ uint64_t runBlocks(BlockAlgo algo, PeerTransport& t, const BlockCall& call, bool
                                                      : " needs a peer address of every rank's area (nvshmem_ptr)"));
   char* own = t.peers().base[me];
   // Peers read a pull rank's input in place when all of it lies on the symmetric heap (all_reduce:
-  // and write it in place too).
+  // and write it in place too); all_gather: unless the call is small (Note [Small calls]).
+  const bool all_staged = gather && call.nbytes <= kSmallBytes;
   const uint64_t in_bytes = gather || all ? call.nbytes : p * call.nbytes;
-  const bool read_in_place = !push && (gather || all || call.in_contiguous) && nvshmem::onHeap(call.in[0], in_bytes);
-  // Peers write an all_gather push rank's output in place when it is one range on the heap, and the
-  // call is not small (Note [Small pushes]).
-  const bool announce = call.nbytes > kSmallPushBytes;
-  bool write_in_place = gather && push && !put_signal && announce && nvshmem::onHeap(call.out[0], p * call.nbytes);
+  const bool read_in_place = !push && !all_staged && (gather || all || call.in_contiguous) &&
+                             nvshmem::onHeap(call.in[0], in_bytes);
+  // Peers write an all_gather push rank's output in place when it is one range on the heap.
+  bool write_in_place = gather && push && !put_signal && !all_staged && nvshmem::onHeap(call.out[0], p * call.nbytes);
   for (int q = 1; write_in_place && q < p; ++q)
     write_in_place = call.out[q] == static_cast<char*>(call.out[0]) + q * call.nbytes;
   if (in_place) *in_place = read_in_place || write_in_place;
@@ -87,7 +89,7 @@ uint64_t runBlocks(BlockAlgo algo, PeerTransport& t, const BlockCall& call, bool
     a.source = read_in_place ? a.in[0] - own : kStagedSource;
     a.dest = write_in_place ? a.out[0] - own : kStagedSource;
     a.write = !put_signal;
-    a.announce = announce;
+    a.all_staged = all_staged;
     const int blocks = gridFor(t, all ? a.stride : n);
     const uint64_t s = t.nextCall();  // the kernel's own sequence number (Note [Device sequence])
     if (put_signal) {  // Note [Push flags]: NVSHMEM writes the data and then the flag of thread block 0
@@ -146,7 +148,6 @@ uint64_t allGatherRegistered(PeerTransport& t, const char* in, char* const* outp
   a.source = kStagedSource;
   a.dest = kRegisteredSource;
   a.write = true;
-  a.announce = true;  // peers store into my output: not before I reached this call
   launchAllGatherPush(a, gridFor(t, nbytes), stream);
   checkLaunch("allgather_push_registered");
   return a.launch;

@@ -11,7 +11,7 @@
 //   then copies (all_gather) or reduces in rank order (reduce_scatter) the slots.
 //   all_gather push first learns where each peer's output lies (destOf): one on
 //   the symmetric heap is written in place and needs no copy (a small call
-//   stages every output and skips that round: Note [Small pushes]).
+//   stages every output and skips that round: Note [Small calls]).
 //   Peers without a peer address are reached with NVSHMEM's put-with-signal
 //   from the host (`put_signal`), whose signal is the same push flag.
 // - pull: rank r stages its input (or, if it lies on the symmetric heap, lets

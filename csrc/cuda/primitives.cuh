@@ -71,7 +71,7 @@ struct BlockArgs : CallArgs {
   int64_t source;             // where peers read this rank's input: sourceOf() (kStagedSource: staged)
   int64_t dest;               // all_gather push: where peers write this rank's output: destOf()
   bool write;                 // push: the kernel stores the data into the peers (false: NVSHMEM put it there)
-  bool announce;              // all_gather push: learn each peer's output from destOf() (false: all staged)
+  bool all_staged;            // all_gather: every rank's input and output is staged (Note [Small calls])
   char* tensor[kMaxRanks];    // registered tensors (source or dest kRegisteredSource): rank q's, mapped here
 };
 
@@ -274,13 +274,12 @@ __device__ __forceinline__ bool waitPushed(const CallArgs& a, uint64_t seq, int 
 }
 
 /// Block-wide: once every thread's earlier stores are done, raises this rank's push flag of this
-/// block in every peer's area (Note [Push flags]).
+/// block in every peer's area (Note [Push flags]), thread i - 1 that of peer rank + i: the release
+/// stores go out at once (Note [Release stores]: each is cumulative over the block's barrier).
 __device__ __forceinline__ void signalPushed(const CallArgs& a, uint64_t seq) {
   __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int i = 1; i < a.world; ++i)
-      releaseToPeers(a.one_gpu, pushFlagOf(a.peers.base[(a.rank + i) % a.world], a.rank, blockIdx.x), seq);
-  }
+  const int i = static_cast<int>(threadIdx.x) + 1;
+  if (i < a.world) releaseToPeers(a.one_gpu, pushFlagOf(a.peers.base[(a.rank + i) % a.world], a.rank, blockIdx.x), seq);
 }
 
 // ---- LL lines ----
