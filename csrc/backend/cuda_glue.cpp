@@ -591,7 +591,8 @@ bool CudaGroup::setUpNvshmemOnce() {
                     agree("direct", t->allDirect() ? "" : "no peer address of some rank's area").empty();
       // Note [Fence scope]: with every PE on this one GPU, the heap is that GPU's memory. Not with
       // put-with-signal, whose flags NVSHMEM writes.
-      t->setOneGpu(nvs_direct_ && settings_.fence == "auto" && oneGpu(everyRank(key + "device/", busIdOf(device_->index()))));
+      const bool one_gpu = oneGpu(everyRank(key + "device/", busIdOf(device_->index())));
+      t->setOneGpu(nvs_direct_ && settings_.fence == "auto" && one_gpu);
       std::lock_guard<std::mutex> lk(watch_mu_);
       nvs_ = std::move(t);
     }

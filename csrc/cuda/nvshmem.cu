@@ -35,6 +35,7 @@ struct Api {
   decltype(&nvshmemx_fcollectmem_on_stream) fcollectmem_on_stream = nullptr;
   decltype(&nvshmemx_float_sum_reduce_on_stream) float_sum_reduce_on_stream = nullptr;
   decltype(&nvshmemx_quiet_on_stream) quiet_on_stream = nullptr;
+  decltype(&nvshmemx_init_status) init_status = nullptr;
 };
 
 std::mutex g_mu;  // load and init
@@ -50,6 +51,17 @@ bool bind(F& f, const char* name, std::string& why) {
   f = reinterpret_cast<F>(dlsym(g_lib, name));
   if (!f && why.empty()) why = std::string("libnvshmem_host has no ") + name;
   return f != nullptr;
+}
+
+/// With g_mu held: where the application initialised NVSHMEM itself (nvshmem4py, or its own
+/// nvshmemx_init_attr through the same library), takes this process's PE from it (Note [NVSHMEM
+/// lifetime]).
+void adoptLocked() {
+  if (g_pe >= 0 || !g_lib || !g_load_why.empty() || !g_api.init_status) return;
+  const int status = g_api.init_status();
+  if (status < NVSHMEM_STATUS_IS_INITIALIZED || status == NVSHMEM_STATUS_INVALID) return;
+  g_pe = g_api.my_pe();
+  g_npes = g_api.n_pes();
 }
 
 }  // namespace
@@ -80,7 +92,10 @@ std::string load(const std::string& path) {
   std::string optional;
   bind(g_api.fcollectmem_on_stream, "nvshmemx_fcollectmem_on_stream", optional);
   bind(g_api.float_sum_reduce_on_stream, "nvshmemx_float_sum_reduce_on_stream", optional);
-  return g_load_why = why;
+  bind(g_api.init_status, "nvshmemx_init_status", optional);
+  g_load_why = why;
+  adoptLocked();
+  return g_load_why;
 }
 
 std::string uniqueId() {
@@ -92,10 +107,12 @@ std::string uniqueId() {
 std::string init(int pe, int npes, const std::string& unique_id) {
   std::lock_guard<std::mutex> lk(g_mu);
   if (!g_tried || !g_load_why.empty()) return g_tried ? g_load_why : "the NVSHMEM host library is not loaded";
+  adoptLocked();
   if (g_pe >= 0) {
     if (g_pe != pe || g_npes != npes)
-      return "NVSHMEM was initialised as PE " + std::to_string(g_pe) + " of " + std::to_string(g_npes) +
-             " by another group; this group needs PE " + std::to_string(pe) + " of " + std::to_string(npes);
+      return "NVSHMEM was initialised (by another group, or by the application) as PE " + std::to_string(g_pe) +
+             " of " + std::to_string(g_npes) + "; this group needs PE " + std::to_string(pe) + " of " +
+             std::to_string(npes);
     return "";
   }
   if (!g_init_why.empty()) return g_init_why;
@@ -114,7 +131,11 @@ std::string init(int pe, int npes, const std::string& unique_id) {
   return "";
 }
 
-int myPe() { return g_pe; }
+int myPe() {
+  std::lock_guard<std::mutex> lk(g_mu);
+  adoptLocked();
+  return g_pe;
+}
 int nPes() { return g_npes; }
 
 void* malloc(uint64_t bytes) { return g_pe >= 0 ? g_api.malloc(bytes) : nullptr; }

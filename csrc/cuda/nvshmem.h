@@ -8,7 +8,10 @@
 //
 // Note [NVSHMEM lifetime]: NVSHMEM is initialised once per process, by the
 // first group that needs it (its ranks become the PEs: group rank r is PE r),
-// and never finalised before the process exits. Another group may use it only
+// and never finalised before the process exits. Where the application
+// initialised it already, through the same host library (nvshmem4py loads the
+// one of the nvidia-nvshmem wheel, as tilecomm does), tilecomm takes that
+// initialisation as it is, and its tensors on the heap are used in place. Another group may use it only
 // if its rank r is PE r too (same size; agreed by every rank). Symmetric
 // allocations are collective, so each is made inside a task of a group (issue
 // order is the same on every rank) and none is ever freed: a free is
@@ -37,7 +40,7 @@ std::string uniqueId();
 /// Initialises NVSHMEM with this process as PE `pe` of `npes` from a unique id, once per process
 /// (Note [NVSHMEM lifetime]); the CUDA device must be current. Returns "" or why it failed.
 std::string init(int pe, int npes, const std::string& unique_id);
-/// PE and PE count, -1 before init.
+/// PE and PE count, -1 before init (by a group, or by the application: Note [NVSHMEM lifetime]).
 int myPe();
 int nPes();
 /// Collective: `bytes` of the symmetric heap (nullptr on failure).

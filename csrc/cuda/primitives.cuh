@@ -279,7 +279,8 @@ __device__ __forceinline__ bool waitPushed(const CallArgs& a, uint64_t seq, int 
 __device__ __forceinline__ void signalPushed(const CallArgs& a, uint64_t seq) {
   __syncthreads();
   const int i = static_cast<int>(threadIdx.x) + 1;
-  if (i < a.world) releaseToPeers(a.one_gpu, pushFlagOf(a.peers.base[(a.rank + i) % a.world], a.rank, blockIdx.x), seq);
+  if (i < a.world)
+    releaseToPeers(a.one_gpu, pushFlagOf(a.peers.base[(a.rank + i) % a.world], a.rank, blockIdx.x), seq);
 }
 
 // ---- LL lines ----

@@ -3,7 +3,10 @@
 tilecomm loads NVSHMEM's host library at run time (the ``nvidia-nvshmem-cu13``
 wheel, or ``$NVSHMEM_HOME/lib``) and initialises it once per process, the first
 time a group needs it (an NVSHMEM all_gather or reduce_scatter, or
-``symmetric_empty``); that group's rank r becomes PE r. Where the library is
+``symmetric_empty``); that group's rank r becomes PE r. An application that
+initialised NVSHMEM itself first (nvshmem4py's ``nvshmem.core.init``, PE r on
+rank r) keeps that initialisation, and its heap tensors (``nvshmem.core.tensor``)
+are used in place like ``symmetric_empty``'s. Where the library is
 missing or fails to initialise, the NVSHMEM algorithms are not offered and
 CUDA all_gather / reduce_scatter stay as they were (a forced one raises).
 """

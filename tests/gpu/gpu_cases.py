@@ -1560,6 +1560,61 @@ def spawn_nvshmem(rank, world, port, configs, dtypes, ops, sizes, large=()):
     return report
 
 
+def spawn_nvshmem4py(rank, world, port, sizes=(1031, 65543)):
+    """NVSHMEM initialised by the application through nvshmem4py before tilecomm needs it (Note [NVSHMEM
+    lifetime]): tilecomm takes that initialisation, and tensors from ``nvshmem.core.tensor`` are used in
+    place by the forced pull and push all_gathers (above 64 KiB per rank, Note [Small calls]), against the
+    closed form. Returns {algorithm: the group's cuda_status()}."""
+    from datetime import timedelta
+
+    import numpy as np
+    import nvshmem.core as nvshmem
+
+    import tilecomm  # noqa: F401
+
+    try:
+        from cuda.core import Device
+    except ImportError:  # cuda.core before 0.4
+        from cuda.core.experimental import Device
+
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    timeout = timedelta(seconds=120)
+    dist.init_process_group("tilecomm", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}",
+                            timeout=timeout)
+    # nvshmem4py's unique-id start, its id handed from rank 0 through the group's CPU broadcast
+    uid = nvshmem.get_unique_id(empty=rank != 0)
+    raw = uid._data.view(np.int8)
+    shared = torch.from_numpy(raw.copy())
+    dist.broadcast(shared, 0)
+    raw[:] = shared.numpy()
+    device = Device(torch.cuda.current_device())
+    device.set_current()
+    nvshmem.init(device=device, uid=uid, rank=rank, nranks=world, initializer_method="uid")
+    report = {}
+    for algo in ("nvshmem_pull", "nvshmem_push"):
+        os.environ["TILECOMM_ALGO"] = f"all_gather:{algo}"
+        g = dist.new_group(backend="tilecomm", timeout=timeout)
+        be = g._get_backend(torch.device("cuda"))
+        for n in sizes:
+            x = nvshmem.tensor((n,), dtype=torch.float32)
+            out = nvshmem.tensor((world * n,), dtype=torch.float32)
+            x.copy_(torch.arange(n, device=dev(), dtype=torch.float32) + 1000 * rank)
+            dist.all_gather_into_tensor(out, x, group=g)
+            torch.cuda.synchronize()
+            want = torch.cat([torch.arange(n, dtype=torch.float32) + 1000 * r for r in range(world)])
+            check_equal(out, want, f"nvshmem4py {algo} n={n}")
+            check(be.cuda_last_kernel() == f"allgather_{algo}", f"nvshmem4py {algo} n={n}: ran {be.cuda_last_kernel()}")
+            nvshmem.free_tensor(x)  # collective, as the allocation
+            nvshmem.free_tensor(out)
+        report[algo] = be.cuda_status()
+        dist.destroy_process_group(g)
+    del os.environ["TILECOMM_ALGO"]
+    torch.cuda.synchronize()
+    dist.destroy_process_group()
+    finish()
+    return report
+
+
 def _nvshmem_graph(rank, world, g, name, n=1031, replays=5):
     """Under CUDA graph capture (Note [NVSHMEM capture]): NVSHMEM's kernels that use peer addresses
     ("auto", "push" and "pull", the last two forced by TILECOMM_ALGO) are captured, a reduce_scatter and

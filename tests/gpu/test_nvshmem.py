@@ -7,6 +7,7 @@ Skipped where there is no GPU, or no NVSHMEM (TILECOMM_TEST_REQUIRE_NVSHMEM=1, a
 makes that an error).
 """
 
+import importlib.util
 import os
 
 import gpu_harness
@@ -89,3 +90,30 @@ def test_nvshmem_collectives(world, part):
             assert f"nvshmem_fence={fence}" in status, (rank, config, status)
             if config == "put_signal":
                 assert "put_signal" in status, status
+
+
+def _nvshmem4py_missing() -> str:
+    try:
+        found = importlib.util.find_spec("nvshmem.core") is not None
+    except ImportError:  # an unrelated top-level "nvshmem" without .core
+        found = False
+    return "" if found else "nvshmem4py is not installed (pip install nvshmem4py-cu13)"
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_nvshmem4py_tensors(world):
+    """Tensors of an application that initialised NVSHMEM through nvshmem4py: used in place, results
+    against the closed form (gpu_cases.spawn_nvshmem4py). TILECOMM_TEST_REQUIRE_NVSHMEM4PY=1 makes a
+    missing nvshmem4py an error."""
+    why = _nvshmem4py_missing()
+    if why and os.environ.get("TILECOMM_TEST_REQUIRE_NVSHMEM4PY") == "1":
+        raise RuntimeError(f"TILECOMM_TEST_REQUIRE_NVSHMEM4PY=1, but {why}")
+    if why:
+        pytest.skip(why)
+    env = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(100 // world)}
+    out = gpu_harness.spawn_ranks(world, "spawn_nvshmem4py", env, timeout=300.0)
+    assert all(status == "ok" for status, _ in out), out
+    for rank, (_, report) in enumerate(out):
+        assert sorted(report) == ["nvshmem_pull", "nvshmem_push"], report
+        for algo, status in report.items():
+            assert "nvshmem=on" in status and "in_place_calls=0" not in status, (rank, algo, status)
