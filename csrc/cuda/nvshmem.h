@@ -11,7 +11,8 @@
 // and never finalised before the process exits. Where the application
 // initialised it already, through the same host library (nvshmem4py loads the
 // one of the nvidia-nvshmem wheel, as tilecomm does), tilecomm takes that
-// initialisation as it is, and its tensors on the heap are used in place. Another group may use it only
+// initialisation as it is (its PE r must be rank r), and the application's
+// tensors on the heap are used in place. Another group may use it only
 // if its rank r is PE r too (same size; agreed by every rank). Symmetric
 // allocations are collective, so each is made inside a task of a group (issue
 // order is the same on every rank) and none is ever freed: a free is
