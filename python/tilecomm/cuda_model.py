@@ -185,11 +185,22 @@ def check_constants(c: dict, keys, at: str):
             raise ValueError(f"{at}.{key}: expected a finite number >= 0, got {v!r}")
 
 
+def kernel_time(record, key: str, memory: str):
+    """The time (µs) of `key` ("<collective>:<entry>") in a ``tilecomm.gpu_points`` record that the fit
+    and the scores use: the CUDA-graph time; for NVSHMEM's kernels the eager one where the record has no
+    graph time (gpu_points.NVSHMEM_GROUPS says why). None where neither is a time."""
+    for timing in ("graph", "eager") if memory == "nvshmem" else ("graph",):
+        v = record.get(f"{key}:{timing}")
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
+            return v
+    return None
+
+
 def samples(records) -> list[tuple[str, str, int, int, float]]:
     """(memory, kernel, p, bytes, seconds) of every time of a forced kernel in ``tilecomm.gpu_points``
-    records (each names, per entry, the kernel that ran and its memory): the CUDA-graph times, and for
-    NVSHMEM's kernels the eager ones (gpu_points.NVSHMEM_GROUPS says why). The ``auto`` entries are left out
-    (they validate the fit), and so is ``ll_system_fence`` (a comparison with other settings)."""
+    records (each names, per entry, the kernel that ran and its memory), as kernel_time picks it. The
+    ``auto`` entries are left out (they validate the fit), and so is ``ll_system_fence`` (a comparison
+    with other settings)."""
     out = []
     for r in records:
         for key, kernel in r.get("kernels", {}).items():
@@ -197,8 +208,8 @@ def samples(records) -> list[tuple[str, str, int, int, float]]:
             if entry.removeprefix("hm_") in ("auto", "ll_system_fence"):
                 continue
             memory = r.get("memory", {}).get(entry)
-            v = r.get(f"{key}:{'eager' if memory == 'nvshmem' else 'graph'}")
-            if kernel in KERNELS and memory in MEMORIES and isinstance(v, (int, float)) and v > 0:
+            v = kernel_time(r, key, memory)
+            if kernel in KERNELS and memory in MEMORIES and v is not None:
                 out.append((memory, kernel, int(r["world"]), int(r["bytes"]), float(v) * 1e-6))
     return out
 

@@ -7,7 +7,8 @@ its own ``TILECOMM_*`` settings (``GROUPS``): ``ll`` (the LL kernel), ``one_shot
 ``hm_<entry>``, over host_mapped (shared host memory, the PCIe path), and ``nvshmem_push`` /
 ``nvshmem_pull`` (NVSHMEM's all_gather and reduce_scatter kernels forced). A record names, per entry,
 the kernel that ran (``kernels``) and its peer memory (``memory``); ``tilecomm.cuda_model.samples``
-reads the ``graph`` times of such records, and the ``eager`` times of NVSHMEM's kernels.
+reads the ``graph`` times of such records, and for NVSHMEM's kernels the ``eager`` ones where a
+capture was refused (``cuda_model.kernel_time``).
 
 Each path is timed as a loop of back-to-back calls between two CUDA events: "eager" (the host's cost
 per call included) or "graph" (the same loop captured once in a CUDA graph and replayed: the GPU's
@@ -41,9 +42,10 @@ GROUPS = {**_BASE, **{f"hm_{k}": {**v, "TILECOMM_TRANSPORT": "host_mapped"} for 
 GATHER = ("ll", "auto", "ll_system_fence")  # entries whose all_gather runs as a kernel (else it is staged)
 # What tune fits the CUDA model to: every forced kernel over both memories.
 FIT_ENTRIES = ("ll", "one_shot", "two_shot", "hm_ll", "hm_one_shot", "hm_two_shot")
-# NVSHMEM's all_gather and reduce_scatter kernels, forced. tune fits them to eager times, host included:
-# put-with-signal, which a group without peer addresses moves data with, cannot be captured in a CUDA
-# graph (Note [NVSHMEM capture] in backend/cuda_glue.cpp), so eager is how every group can run them.
+# NVSHMEM's all_gather and reduce_scatter kernels, forced. They are timed eagerly and under graph replay;
+# tune fits them to the graph times (cuda_model.kernel_time), and to the eager ones, host included, where
+# there are none: put-with-signal, which a group without peer addresses moves data with, cannot be
+# captured in a CUDA graph (Note [NVSHMEM capture] in backend/cuda_glue.cpp).
 NVSHMEM_GROUPS = {"nvshmem_push": {"TILECOMM_ALGO": "nvshmem_push"}, "nvshmem_pull": {"TILECOMM_ALGO": "nvshmem_pull"}}
 
 
@@ -154,8 +156,9 @@ def record(world, nbytes, calls, reps, kernels, memory, row) -> dict:
 
 
 def time_nvshmem(groups, x, big, calls, reps, barrier, pick=statistics.median):
-    """Eager times of all_gather (x -> big) and reduce_scatter (big -> x) per NVSHMEM entry of `groups`;
-    (row, kernels, memory) as time_entries'."""
+    """Eager and CUDA-graph times of all_gather (x -> big) and reduce_scatter (big -> x) per NVSHMEM entry
+    of `groups` (a capture refused, as put-with-signal's, is recorded as failed); (row, kernels, memory)
+    as time_entries'."""
     row, kernels, memory = {}, {}, {}
     for name, g in groups.items():
         be = g._get_backend(torch.device("cuda"))
@@ -164,6 +167,7 @@ def time_nvshmem(groups, x, big, calls, reps, barrier, pick=statistics.median):
             row[f"{coll}:{name}:eager"] = t = attempt(lambda fn=fn: eager(fn, calls, reps, barrier, pick))
             if isinstance(t, float):  # else the last kernel is an earlier call's
                 kernels[f"{coll}:{name}"] = be.cuda_last_kernel() or "staged"
+                row[f"{coll}:{name}:graph"] = attempt(lambda fn=fn: graph(fn, calls, reps, barrier, pick))
         memory[name] = "nvshmem"
     return row, kernels, memory
 
@@ -179,7 +183,7 @@ def fit_points(rank, world, path, grid, calls, reps):
 
 
 def nvshmem_fit_points(rank, world, path, grid, calls, reps):
-    """tune's worker for NVSHMEM's kernels: eager times (the fastest of reps loops) of all_gather and
+    """tune's worker for NVSHMEM's kernels: eager and graph times (the fastest of reps loops) of all_gather and
     reduce_scatter (float32 sum; each size of grid is the bytes of one rank's block) with each
     NVSHMEM_GROUPS kernel forced, one record per size appended to `path` by rank 0. Ranks that share a
     GPU need MPS and CUDA_MPS_ACTIVE_THREAD_PERCENTAGE set before they start (NVSHMEM's collectives

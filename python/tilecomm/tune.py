@@ -578,14 +578,18 @@ def cuda_regret(records) -> dict:
 
 def nvshmem_regret(records, consts) -> dict:
     """{(world, "all_gather" | "reduce_scatter"): [(bytes, time of the NVSHMEM kernel that the constants'
-    thresholds pick / the faster of push and pull)]} over records where both were measured."""
+    thresholds pick / the faster of push and pull)]} over records where both were measured, both under
+    graph replay where they were, else both eagerly."""
     out = {}
     pull_from = {p: cuda_model.nvshmem_thresholds({"cuda": consts}, p) for p in {int(r["world"]) for r in records}}
     for r in records:
         p = int(r["world"])
         for coll in ("all_gather", "reduce_scatter"):
-            push, pull = (r.get(f"{coll}:nvshmem_{k}:eager") for k in ("push", "pull"))
-            if not all(isinstance(v, (int, float)) and v > 0 for v in (push, pull)):
+            for timing in ("graph", "eager"):
+                push, pull = (r.get(f"{coll}:nvshmem_{k}:{timing}") for k in ("push", "pull"))
+                if all(isinstance(v, (int, float)) and v > 0 for v in (push, pull)):
+                    break
+            else:
                 continue
             chosen = pull if int(r["bytes"]) >= pull_from[p][f"{coll}_pull_bytes"] else push
             out.setdefault((p, coll), []).append((int(r["bytes"]), chosen / min(push, pull)))

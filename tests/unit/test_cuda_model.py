@@ -102,6 +102,20 @@ def test_samples_skip_failures_staged_auto_and_eager():
     assert [t for m, k, *_, t in got if (m, k) == ("cuda_ipc", "allreduce_one_shot_ll")] == [pytest.approx(want)]
 
 
+def test_nvshmem_samples_take_graph_times_where_there_are_any():
+    r = records(KNOWN, worlds=(2,), sizes=(8,))[0]
+    eager = {k: t for m, k, *_, t in cuda_model.samples([r]) if m == "nvshmem"}
+    r["all_gather:nvshmem_push:graph"] = 3.0  # a captured loop: taken instead of the eager time
+    r["all_gather:nvshmem_pull:graph"] = "failed: cannot be captured"  # refused: the eager time stays
+    r["all_reduce:ll:graph"] = -1.0  # not a time: no sample (cuda_ipc takes no eager time)
+    got = {k: t for m, k, *_, t in cuda_model.samples([r]) if m == "nvshmem"}
+    assert got["allgather_nvshmem_push"] == pytest.approx(3e-6)
+    assert got["allgather_nvshmem_pull"] == pytest.approx(eager["allgather_nvshmem_pull"])
+    assert not any(k == "allreduce_one_shot_ll" and m == "cuda_ipc" for m, k, *_ in cuda_model.samples([r]))
+    assert cuda_model.kernel_time({"x:graph": True, "x:eager": 2.0}, "x", "nvshmem") == 2.0
+    assert cuda_model.kernel_time({"x:eager": 2.0}, "x", "cuda_ipc") is None
+
+
 def test_thresholds_are_the_model_crossovers():
     prof = {"cuda": KNOWN}
     for p in (2, 3, 4, 8):

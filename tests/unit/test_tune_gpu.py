@@ -261,6 +261,11 @@ def test_nvshmem_regret_scores_the_thresholds_choice():
     got = tune.nvshmem_regret(recs, consts)
     assert got == {(4, "all_gather"): [(8, 1.0), (4096, 1.0), (65536, 40.0 / 30.0)],
                    (2, "reduce_scatter"): [(64, 1.5)]}
+    # both graph times where both were captured, else both eager ones (never one of each)
+    recs[0].update({"all_gather:nvshmem_push:graph": 8.0, "all_gather:nvshmem_pull:graph": 4.0})
+    recs[1]["all_gather:nvshmem_push:graph"] = 1.0  # pull not captured: the eager pair stays
+    got = tune.nvshmem_regret(recs, consts)
+    assert got[(4, "all_gather")][:2] == [(8, 2.0), (4096, 1.0)]
 
 
 def test_cuda_regret_scores_the_thresholds_choice():
