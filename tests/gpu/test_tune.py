@@ -49,13 +49,14 @@ def test_tune_measures_the_gpu(tmp_path):
     assert {r["world"] for r in kernels} == {2, 3} and {r["bytes"] for r in kernels} == {8, 64, 512, 4096}
     why = tune.nvshmem_problem()
     assert not (why and os.environ.get("TILECOMM_TEST_REQUIRE_NVSHMEM") == "1"), why
-    if not why:  # NVSHMEM's kernels, forced, timed eagerly at every size and world
+    if not why:  # NVSHMEM's kernels, forced, timed eagerly and under graph replay at every size and world
         assert sorted((r["world"], r["bytes"]) for r in nvshmem) == [(w, n) for w in (2, 3) for n in (8, 64, 512, 4096)]
         for r in nvshmem:
             for coll, short in (("all_gather", "allgather"), ("reduce_scatter", "reducescatter")):
                 for kind in ("push", "pull"):
                     assert r["kernels"][f"{coll}:nvshmem_{kind}"] == f"{short}_nvshmem_{kind}", r
                     assert isinstance(r[f"{coll}:nvshmem_{kind}:eager"], float), r
+                    assert isinstance(r[f"{coll}:nvshmem_{kind}:graph"], float), r  # peer addresses: captured
         assert prof["cuda"]["nvshmem"]["simple"]["fit"]["points"] == 4 * len(nvshmem), done.stderr[-2000:]
         assert "| 3 | all_gather |" in done.stdout
     for r in kernels:  # each forced entry ran its kernel over its memory, and every time was taken
