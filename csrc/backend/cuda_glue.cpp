@@ -41,12 +41,6 @@ struct RelaxedCapture {
 std::vector<uint8_t> toBytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
 std::string fromBytes(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
 
-/// The PCI bus id of a device as canonicalBusId writes it ("" if unknown).
-std::string busIdOf(int device) {
-  char bus[32] = {0};
-  return cudaDeviceGetPCIBusId(bus, sizeof(bus), device) == cudaSuccess ? canonicalBusId(bus) : "";
-}
-
 /// Whether every rank's bus id (everyRank) names one known GPU (Note [Fence scope]).
 bool oneGpu(const std::vector<std::string>& devices) {
   for (const std::string& d : devices)
@@ -389,7 +383,7 @@ bool CudaGroup::setUpIpc() {
   // Note [Issue order]), so the Store exchanges cannot mismatch.
   std::lock_guard<std::mutex> lk(topo_mu_);  // topo_, read by topology() from other threads
   const std::string key = prefix_ + "cuda_peers/";
-  topo_.devices = everyRank(key + "device/", busIdOf(device_->index()));
+  topo_.devices = busIds();
   bool no_peer_access = false;
   topo_.links.assign(world_, std::vector<std::string>(world_));
   for (int r = 0; r < world_; ++r) {
@@ -453,6 +447,15 @@ std::string CudaGroup::firstFailure(const std::string& key, const std::string& w
   for (int r = 0; r < world_; ++r)
     if (all[r] != "ok") return "rank " + std::to_string(r) + ": " + all[r];
   return "";
+}
+
+const std::vector<std::string>& CudaGroup::busIds() {
+  if (bus_ids_.empty()) {
+    char bus[32] = {0};
+    const bool known = cudaDeviceGetPCIBusId(bus, sizeof(bus), device_->index()) == cudaSuccess;
+    bus_ids_ = everyRank(prefix_ + "cuda_peers/device/", known ? canonicalBusId(bus) : "");
+  }
+  return bus_ids_;
 }
 
 int CudaGroup::leastOf(const std::string& key, int mine) {
@@ -591,8 +594,7 @@ bool CudaGroup::setUpNvshmemOnce() {
                     agree("direct", t->allDirect() ? "" : "no peer address of some rank's area").empty();
       // Note [Fence scope]: with every PE on this one GPU, the heap is that GPU's memory. Not with
       // put-with-signal, whose flags NVSHMEM writes.
-      const bool one_gpu = oneGpu(everyRank(key + "device/", busIdOf(device_->index())));
-      t->setOneGpu(nvs_direct_ && settings_.fence == "auto" && one_gpu);
+      t->setOneGpu(nvs_direct_ && settings_.fence == "auto" && oneGpu(busIds()));
       std::lock_guard<std::mutex> lk(watch_mu_);
       nvs_ = std::move(t);
     }

@@ -431,6 +431,9 @@ class CudaGroup {
   std::string firstFailure(const std::string& key, const std::string& why);
   /// The smallest of every rank's `mine` under `key`.
   int leastOf(const std::string& key, int mine);
+  /// Every rank's GPU as its PCI bus id ("" if unknown), exchanged once per group by the first set-up
+  /// that asks (cuda_ipc's or NVSHMEM's; each in a task, so the same one on every rank).
+  const std::vector<std::string>& busIds();
   void watchLoop();
   /// LL capacity of the transport: the largest message the LL kernels may carry (0: no LL).
   uint64_t llLimit() const;
@@ -478,6 +481,7 @@ class CudaGroup {
   Ipc ipc_state_ = Ipc::kUnset;  // only touched inside tasks (one at a time)
   std::string ipc_why_;
   std::shared_ptr<cuda::PeerTransport> ipc_;
+  std::vector<std::string> bus_ids_;  // busIds(); only touched inside tasks
   GpuTopology topo_;
   mutable std::mutex topo_mu_;
   std::atomic<int> last_kernel_{-1};  // DirectAlgo, kLastAllGatherLL, or kLastBlocks + BlockAlgo
