@@ -185,13 +185,18 @@ def check_constants(c: dict, keys, at: str):
             raise ValueError(f"{at}.{key}: expected a finite number >= 0, got {v!r}")
 
 
+def is_time(v) -> bool:
+    """Whether a record's value is a time (a positive number; failures are strings)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+
+
 def kernel_time(record, key: str, memory: str):
     """The time (µs) of `key` ("<collective>:<entry>") in a ``tilecomm.gpu_points`` record that the fit
     and the scores use: the CUDA-graph time; for NVSHMEM's kernels the eager one where the record has no
     graph time (gpu_points.NVSHMEM_GROUPS says why). None where neither is a time."""
     for timing in ("graph", "eager") if memory == "nvshmem" else ("graph",):
         v = record.get(f"{key}:{timing}")
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
+        if is_time(v):
             return v
     return None
 

@@ -587,7 +587,7 @@ def nvshmem_regret(records, consts) -> dict:
         for coll in ("all_gather", "reduce_scatter"):
             for timing in ("graph", "eager"):
                 push, pull = (r.get(f"{coll}:nvshmem_{k}:{timing}") for k in ("push", "pull"))
-                if all(isinstance(v, (int, float)) and v > 0 for v in (push, pull)):
+                if cuda_model.is_time(push) and cuda_model.is_time(pull):
                     break
             else:
                 continue
