@@ -107,6 +107,7 @@ bool P2PEngine::pass(std::vector<int>& waiting) {
   }
   bool moved = false;
   std::vector<char> send_busy(in_.size(), 0);
+  std::vector<std::vector<int64_t>> claimed(in_.size());  // Note [Receive order]
   Clock::time_point now = Clock::now();
   for (auto it = pending_.begin(); it != pending_.end();) {
     P2POp& op = *it;
@@ -139,7 +140,7 @@ bool P2PEngine::pass(std::vector<int>& waiting) {
     } else {
       std::string err;
       try {
-        moved |= progressRecv(op);
+        moved |= progressRecv(op, claimed);
       } catch (const Error& e) {
         if (e.kind() != ErrorKind::kInvalid) throw;
         err = e.what();  // this receive is wrong (size mismatch); the group is fine
@@ -151,6 +152,9 @@ bool P2PEngine::pass(std::vector<int>& waiting) {
         finish(it, "");
       } else {
         waiting.push_back(op.peer);
+        if (!op.matched)
+          for (size_t src = 0; src < claimed.size(); ++src)
+            if (op.peer < 0 || static_cast<size_t>(op.peer) == src) claimed[src].push_back(op.tag);
       }
     }
     it = next;
@@ -232,7 +236,13 @@ bool P2PEngine::drainInbound(int src) {
   return moved;
 }
 
-bool P2PEngine::progressRecv(P2POp& op) {
+// Note [Receive order]: a message from src goes to the receive posted first among those it matches
+// (its source, or any source, and its tag), as in MPI. One pass walks the receives in posting order,
+// but messages keep arriving during the walk: a message that reached src's lane only after an
+// earlier receive that matches it had looked must not be taken by a later one. So a later receive
+// leaves src alone, in this pass, wherever an earlier one with its tag is still unmatched
+// (`claimed`); the next pass gives the message to the earlier one.
+bool P2PEngine::progressRecv(P2POp& op, const std::vector<std::vector<int64_t>>& claimed) {
   transport::Transport& tr = exec_.transport();
   int world = static_cast<int>(in_.size());
   if (op.matched) return drainInbound(op.peer);
@@ -240,8 +250,12 @@ bool P2PEngine::progressRecv(P2POp& op) {
   for (int i = 0; i < world; ++i) {
     int src = op.peer >= 0 ? op.peer : i;
     if (src == tr.rank() || (op.peer >= 0 && i > 0)) continue;
-    if (takeAside(op, src)) return true;
     Inbound& in = in_[src];
+    if (std::find(claimed[src].begin(), claimed[src].end(), op.tag) != claimed[src].end()) {
+      if (in.sink != Sink::kNone) moved |= drainInbound(src);  // keep a message in flight moving
+      continue;
+    }
+    if (takeAside(op, src)) return true;
     if (in.sink != Sink::kNone) {  // another message from src is in flight: keep it moving
       moved |= drainInbound(src);
       if (in.sink != Sink::kNone) continue;

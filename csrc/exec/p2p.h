@@ -71,7 +71,9 @@ class P2PEngine {
   void loop();
   bool pass(std::vector<int>& waiting);
   bool progressSend(P2POp& op);
-  bool progressRecv(P2POp& op);
+  /// claimed[src]: the tags of receives posted earlier that src's messages could match and that are
+  /// still unmatched in this pass (Note [Receive order]).
+  bool progressRecv(P2POp& op, const std::vector<std::vector<int64_t>>& claimed);
   bool drainInbound(int src);
   bool takeAside(P2POp& op, int src);
   void finish(std::list<P2POp>::iterator it, const std::string& err);
