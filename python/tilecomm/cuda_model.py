@@ -23,6 +23,14 @@ two_shot. all_gather's LL kernel runs up to the whole LL buffer (its own limit,
 registered outputs from where the model prices that below LL
 (``allgather_register_ll_bytes``). Above the LL limit, and for reduce_scatter,
 ``nvshmem_thresholds`` says from which size pull replaces push.
+
+Where the two parts of the formula are off for one kernel, a memory's section
+may carry **corrections** (``CORRECTED``: NVSHMEM's kernels, whose push and pull
+the terms price alike at p = 2 and where they measure apart): per world size
+and kernel, a factor on the latency part (alpha and the rounds) and one on the
+bandwidth part, fitted by ``fit`` to the kernel's own times at that world size
+(``fit_corrections``), as the executor's (``executor_model``). A world size
+without them gets the constants alone.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ MEMORIES = ("cuda_ipc", "host_mapped", "nvshmem")  # index = cuda::PeerMemory
 PROTOCOLS = ("ll", "simple")
 LL_MAX_BYTES = 1 << 20  # the LL buffer (cuda::kLLMaxBytes)
 NEVER = (1 << 64) - 1  # a threshold no message reaches
+MAX_RANKS = 16  # the direct kernels' largest group (cuda::kMaxRanks)
 
 
 @dataclass(frozen=True)
@@ -84,24 +93,72 @@ DEFAULT = {
         "ll": {"alpha_s": 7.0e-06, "alpha_round_s": 0.0, "alpha_peer_s": 2.1e-06, "beta_s_per_byte": 3.5e-10},
         "simple": {"alpha_s": 4.0e-06, "alpha_round_s": 1.5e-06, "alpha_peer_s": 4.6e-06, "beta_s_per_byte": 6.3e-11},
     },
-    # The symmetric heap is GPU memory too: cuda_ipc's constants until a fit says otherwise.
-    "nvshmem": copy.deepcopy(_GPU_MEMORY),
+    # NVSHMEM's heap: LL's are cuda_ipc's (no LL kernel runs over the heap); simple's and the
+    # corrections were fitted to CUDA-graph replay of the forced push and pull kernels, 8 B to 2 MiB
+    # per rank at 2 and 4 ranks sharing one H100 under MPS (tune --device cuda; record
+    # benchmarks/results/tune_gpu_h100_nvshmem_graph.json; docs/benchmarks.md, "Corrections for
+    # NVSHMEM's push and pull").
+    "nvshmem": {
+        "ll": dict(_GPU_MEMORY["ll"]),
+        "simple": {"alpha_s": 4.51e-06, "alpha_round_s": 0.0, "alpha_peer_s": 1.93e-06, "beta_s_per_byte": 1.45e-12},
+        "corrections": {
+            "2": {
+                "allgather_nvshmem_push": {"latency": 1.052, "bandwidth": 0.663},
+                "allgather_nvshmem_pull": {"latency": 0.884, "bandwidth": 0.616},
+                "reducescatter_nvshmem_push": {"latency": 1.056, "bandwidth": 0.834},
+                "reducescatter_nvshmem_pull": {"latency": 1.180, "bandwidth": 0.903},
+            },
+            "4": {
+                "allgather_nvshmem_push": {"latency": 1.071, "bandwidth": 1.396},
+                "allgather_nvshmem_pull": {"latency": 0.828, "bandwidth": 1.222},
+                "reducescatter_nvshmem_push": {"latency": 0.999, "bandwidth": 1.736},
+                "reducescatter_nvshmem_pull": {"latency": 1.114, "bandwidth": 1.776},
+            },
+        },
+    },
 }
 _KEYS = ("alpha_s", "alpha_round_s", "alpha_peer_s", "beta_s_per_byte")
+# Memories whose kernels get corrections: NVSHMEM's, where the threshold chooses between push and pull.
+# The all_reduce thresholds over cuda_ipc and host_mapped score within the selector's targets on the
+# constants alone (docs/benchmarks.md).
+CORRECTED = ("nvshmem",)
 
 
 def constants(profile) -> dict:
-    """The profile's ``cuda`` section, completed from the shipped default where it has no entry."""
+    """The profile's ``cuda`` section, completed from the shipped default where it has no entry. A
+    memory's corrections come with its constants: the profile's where it has an entry for that memory
+    (none if it carries none), else the default's."""
     own = (profile or {}).get("cuda", {})
-    return {m: {pr: dict(own.get(m, {}).get(pr) or DEFAULT[m][pr]) for pr in PROTOCOLS} for m in MEMORIES}
+    out = {}
+    for m in MEMORIES:
+        mine = own.get(m, {})
+        out[m] = {pr: dict(mine.get(pr) or DEFAULT[m][pr]) for pr in PROTOCOLS}
+        corrections = mine.get("corrections") if mine else DEFAULT[m].get("corrections")
+        if corrections:
+            out[m]["corrections"] = copy.deepcopy(corrections)
+    return out
+
+
+def parts(kernel: str, p: int, nbytes: int, consts: dict, memory: str) -> tuple[float, float]:
+    """(latency, bandwidth) seconds of one call of `kernel` at p ranks over `memory` by the formula,
+    without corrections (constants from ``constants``)."""
+    k = KERNELS[kernel]
+    c = consts[memory][k.protocol]
+    latency = c["alpha_s"] + k.rounds(p) * (c["alpha_round_s"] + c["alpha_peer_s"] * (p - 1))
+    return latency, k.wire(p) * nbytes * c["beta_s_per_byte"]
+
+
+def runs_over(memory: str) -> set[str]:
+    """The kernels that run over `memory` (those of NVSHMEM's heap over it alone)."""
+    return {k for k, v in KERNELS.items() if v.memory == memory or not v.memory and memory != "nvshmem"}
 
 
 def predict(kernel: str, p: int, nbytes: int, consts: dict, memory: str) -> float:
-    """Predicted seconds of one call of `kernel` at p ranks over `memory` (constants from ``constants``)."""
-    k = KERNELS[kernel]
-    c = consts[memory][k.protocol]
-    rounds = k.rounds(p) * (c["alpha_round_s"] + c["alpha_peer_s"] * (p - 1))
-    return c["alpha_s"] + rounds + k.wire(p) * nbytes * c["beta_s_per_byte"]
+    """Predicted seconds of one call of `kernel` at p ranks over `memory`: ``parts`` times the kernel's
+    corrections at p, where the memory has them."""
+    latency, bandwidth = parts(kernel, p, nbytes, consts, memory)
+    f = consts[memory].get("corrections", {}).get(str(p), {}).get(kernel, {})
+    return latency * f.get("latency", 1.0) + bandwidth * f.get("bandwidth", 1.0)
 
 
 _GRID = [1 << k for k in range(4, 41)]  # the sizes a crossover is placed at: 16 B to 1 TiB
@@ -152,14 +209,18 @@ def allgather_register_ll_bytes(profile, p: int) -> int:
 
 def nvshmem_thresholds(profile, p: int) -> dict:
     """``all_gather_pull_bytes`` and ``reduce_scatter_pull_bytes``: from which size (bytes per rank's block)
-    the pull kernel's prediction at p ranks is below push's (NEVER if at no size up to 1 TiB)."""
+    the pull kernel's prediction at p ranks is below push's at that size and every larger one of the
+    grid (0: at every size, down to none; NEVER: not at 1 TiB)."""
     consts = constants(profile)
     out = {}
     for coll, short in (("all_gather", "allgather"), ("reduce_scatter", "reducescatter")):
         def t(kind, n, short=short):
             return predict(f"{short}_nvshmem_{kind}", p, n, consts, "nvshmem")
 
-        out[f"{coll}_pull_bytes"] = next((n for n in _GRID if t("pull", n) < t("push", n)), NEVER)
+        # With corrections, pull may win below a crossover and lose above it; one threshold cannot say
+        # that, and the larger sizes, where the times differ most, keep push then.
+        loses = [n for n in (0, *_GRID) if t("pull", n) >= t("push", n)]
+        out[f"{coll}_pull_bytes"] = next((n for n in _GRID if n > loses[-1]), NEVER) if loses else 0
     return out
 
 
@@ -172,9 +233,30 @@ def check(section, where: str):
             raise ValueError(f"{where}: {m!r} is not one of {', '.join(MEMORIES)} with an object")
         for pr, c in per_proto.items():
             at = f"{where}.{m}.{pr}"
+            if pr == "corrections":
+                check_corrections(c, at, runs_over(m), MAX_RANKS)
+                continue
             if pr not in PROTOCOLS or not isinstance(c, dict):
                 raise ValueError(f"{at}: expected a protocol ({', '.join(PROTOCOLS)}) with an object")
             check_constants(c, _KEYS, at)
+
+
+def check_corrections(corrections, at: str, names, max_world: int):
+    """Raises ValueError unless `corrections` is {"<world size of 1 to max_world>": {"<one of `names`>":
+    {"latency": f, "bandwidth": f}}} with finite factors > 0 (a factor of 0 would price the algorithm
+    at nothing). The CUDA kernels' and the schedule executor's corrections both have this shape."""
+    if not isinstance(corrections, dict):
+        raise ValueError(f"{at}: expected an object")
+    worlds = {str(p) for p in range(1, max_world + 1)}
+    for world, per in corrections.items():
+        if world not in worlds or not isinstance(per, dict):
+            raise ValueError(f"{at}: key {world!r} is not a world size of 1 to {max_world} with an object")
+        for name, c in per.items():
+            if name not in names or not isinstance(c, dict):
+                raise ValueError(f"{at}.{world}: {name!r} is not an algorithm of this section with an object")
+            check_constants(c, ("latency", "bandwidth"), f"{at}.{world}.{name}")
+            if not min(c["latency"], c["bandwidth"]) > 0:
+                raise ValueError(f"{at}.{world}.{name}: factors must be > 0")
 
 
 def check_constants(c: dict, keys, at: str):
@@ -250,7 +332,37 @@ def fit(records, base=None) -> tuple[dict, list[str]]:
         if worse:
             notes.append(worse)
             consts[m] = current[m]
+        if m not in CORRECTED:
+            continue
+        worlds = {str(p) for mm, _, p, _, _ in pts if mm == m}
+        consts[m].setdefault("corrections", {})
+        if any(consts[m][pr] != current[m][pr] for pr in PROTOCOLS):  # they belonged to the old constants
+            dropped = sorted(set(consts[m]["corrections"]) - worlds, key=int)
+            if dropped:
+                notes.append(f"cuda {m}: new constants; the corrections at world size(s) {', '.join(dropped)} "
+                             "belonged to the old ones and are dropped (tune at those sizes to fit them again)")
+            consts[m]["corrections"] = {w: c for w, c in consts[m]["corrections"].items() if w in worlds}
+        notes += fit_corrections(pts, consts, m)
     return consts, notes
+
+
+def fit_corrections(pts, consts: dict, memory: str) -> list[str]:
+    """Fits, into ``consts[memory]["corrections"]``, each kernel's factors on ``parts`` at every world
+    size of `pts` (``samples``) over `memory` (fit.fit_corrections), replacing those. Returns warnings."""
+    import warnings  # noqa: PLC0415
+
+    from tilecomm import fit as fitting  # noqa: PLC0415
+
+    by: dict = {}
+    for m, k, p, n, t in pts:
+        if m == memory:
+            by.setdefault((p, k), []).append((*parts(k, p, n, consts, m), t))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", fitting.FitWarning)
+        for (p, k), rows in sorted(by.items()):
+            c, _ = fitting.fit_corrections(rows, f"cuda {memory} world {p} {k}")
+            consts[memory]["corrections"].setdefault(str(p), {})[k] = c
+    return [str(w.message) for w in caught]
 
 
 def regret(records, consts: dict) -> dict:

@@ -42,7 +42,7 @@ from tilecomm.schedule import cost_terms
 MEMORIES = ("cuda_ipc", "host_mapped")  # the executor's peer memories, in cuda::PeerMemory order
 KEYS = ("alpha_s", "alpha_round_s", "alpha_step_s", "beta_s_per_byte")
 MAX_BYTES = (1 << 64) - 1
-MAX_RANKS = 16  # cuda::kMaxRanks: larger groups stage CUDA tensors through host memory
+MAX_RANKS = cuda_model.MAX_RANKS  # larger groups stage CUDA tensors through host memory
 
 # Fitted on one H200 shared by the ranks under MPS, from CUDA-graph replay of every scheduled algorithm
 # forced in turn (scripts/gpu-executor-algos): cuda_ipc at 2, 4 and 8 ranks
@@ -153,19 +153,7 @@ def check(section, where: str):
 
 def _check_corrections(corrections, where: str):
     names = {a.name for c in COLLECTIVES for a in candidates(c)}
-    if not isinstance(corrections, dict):
-        raise ValueError(f"{where}: expected an object")
-    worlds = {str(p) for p in range(1, MAX_RANKS + 1)}
-    for world, per_algo in corrections.items():
-        if world not in worlds or not isinstance(per_algo, dict):
-            raise ValueError(f"{where}: key {world!r} is not a world size of 1 to {MAX_RANKS} with an object")
-        for name, c in per_algo.items():
-            if name not in names or not isinstance(c, dict):
-                raise ValueError(f"{where}.{world}: {name!r} is not a scheduled algorithm with an object")
-            at = f"{where}.{world}.{name}"
-            cuda_model.check_constants(c, ("latency", "bandwidth"), at)
-            if not min(c["latency"], c["bandwidth"]) > 0:  # a factor of 0 would price the algorithm at nothing
-                raise ValueError(f"{at}: factors must be > 0")
+    cuda_model.check_corrections(corrections, where, names, MAX_RANKS)
 
 
 def _memory(record) -> str | None:

@@ -524,6 +524,11 @@ def cuda_report(consts, records) -> str:
             bw = f"{1e-9 / c['beta_s_per_byte']:.0f}" if c["beta_s_per_byte"] > 0 else "inf"
             lines.append(f"| {m} | {pr} | {c['alpha_s'] * 1e6:.2f} | {c['alpha_round_s'] * 1e6:.2f} | "
                          f"{c['alpha_peer_s'] * 1e6:.2f} | {bw} | {f.get('points', 0)} | {med} |")
+    corrections = [(m, int(w), k, f) for m in cuda_model.CORRECTED
+                   for w, per in consts[m].get("corrections", {}).items() for k, f in sorted(per.items())]
+    if corrections:
+        lines += ["", "| memory | world | kernel | latency correction | bandwidth correction |", "|---|---|---|---|---|"]
+        lines += [f"| {m} | {w} | {k} | {f['latency']:.3f} | {f['bandwidth']:.3f} |" for m, w, k, f in sorted(corrections)]
     worlds = sorted({int(r["world"]) for r in records})
     lines += ["", "| world | memory | LL up to (B) | two_shot from (B) |", "|---|---|---|---|"]
     for p in worlds:

@@ -77,7 +77,84 @@ def test_too_few_points_keep_the_defaults():
     one_world = records(KNOWN, worlds=(4,))
     consts, notes = cuda_model.fit(one_world)
     assert len(notes) == 6 and all("kept the defaults" in n for n in notes)
-    assert consts == cuda_model.constants(None)
+    default = cuda_model.constants(None)
+    for m in cuda_model.MEMORIES:
+        assert {pr: consts[m][pr] for pr in cuda_model.PROTOCOLS} == {pr: default[m][pr] for pr in cuda_model.PROTOCOLS}
+    # NVSHMEM's corrections at the measured world size are fitted against them (the others stay), and
+    # each kernel's prediction there comes out as measured: a factor on each part of the formula
+    assert consts["nvshmem"]["corrections"]["2"] == default["nvshmem"]["corrections"]["2"]
+    for kernel in cuda_model.FORCEABLE:
+        for n in (8, 1 << 20):
+            got = cuda_model.predict(kernel, 4, n, consts, "nvshmem")
+            assert got == pytest.approx(cuda_model.predict(kernel, 4, n, KNOWN, "nvshmem"), rel=1e-6)
+
+
+def _with_corrections(corrections):
+    return {**KNOWN, "nvshmem": {**KNOWN["nvshmem"], "corrections": corrections}}
+
+
+TRUE_CORRECTIONS = {  # push and pull apart where the formula prices them alike (2 ranks)
+    "2": {"allgather_nvshmem_push": {"latency": 1.3, "bandwidth": 1.1},
+          "allgather_nvshmem_pull": {"latency": 0.8, "bandwidth": 0.9}},
+    "4": {"reducescatter_nvshmem_pull": {"latency": 1.5, "bandwidth": 2.0}},
+}
+
+
+def test_fit_corrections_reproduce_each_kernels_times():
+    truth = _with_corrections(TRUE_CORRECTIONS)
+    consts, notes = cuda_model.fit(records(truth, sizes=(8, 64, 1024, 65536, 1 << 20)))
+    assert len(notes) == 1 and "nvshmem ll" in notes[0]
+    assert set(consts["nvshmem"]["corrections"]) == {"2", "4"}  # the default's other world sizes are dropped
+    for p in (2, 4):
+        for kernel in cuda_model.FORCEABLE:
+            assert set(consts["nvshmem"]["corrections"][str(p)][kernel]) == {"latency", "bandwidth"}
+            for n in (8, 4096, 1 << 20):
+                want = cuda_model.predict(kernel, p, n, truth, "nvshmem")
+                assert cuda_model.predict(kernel, p, n, consts, "nvshmem") == pytest.approx(want, rel=1e-6)
+        assert cuda_model.nvshmem_thresholds({"cuda": consts}, p) == cuda_model.nvshmem_thresholds({"cuda": truth}, p)
+    # at 2 ranks the formula alone cannot tell push from pull (both price as push); the corrections can
+    assert cuda_model.nvshmem_thresholds({"cuda": KNOWN}, 2)["all_gather_pull_bytes"] == cuda_model.NEVER
+    assert cuda_model.nvshmem_thresholds({"cuda": consts}, 2)["all_gather_pull_bytes"] == 0
+    # only NVSHMEM's kernels get corrections
+    assert all("corrections" not in consts[m] for m in ("cuda_ipc", "host_mapped"))
+
+
+def test_new_constants_drop_corrections_of_world_sizes_not_measured():
+    base = json.loads(json.dumps(_with_corrections({"8": TRUE_CORRECTIONS["2"]})))
+    consts, notes = cuda_model.fit(records(KNOWN), base)
+    assert "8" not in consts["nvshmem"]["corrections"]
+    assert any("corrections at world size(s) 8" in n and "dropped" in n for n in notes)
+    # constants kept as they were (too few points): the corrections of other world sizes stay
+    consts, _ = cuda_model.fit(records(KNOWN, worlds=(4,)), base)
+    assert consts["nvshmem"]["corrections"]["8"] == TRUE_CORRECTIONS["2"]
+
+
+def test_nvshmem_thresholds_with_corrections():
+    def pull_from(pull):
+        return cuda_model.nvshmem_thresholds(
+            {"cuda": _with_corrections({"2": {"allgather_nvshmem_pull": pull}})}, 2)["all_gather_pull_bytes"]
+
+    assert pull_from({"latency": 0.5, "bandwidth": 0.5}) == 0  # faster at every size
+    assert pull_from({"latency": 2.0, "bandwidth": 2.0}) == cuda_model.NEVER
+    # slower below a crossover, faster above it: pull from the first size of the grid past it
+    n = pull_from({"latency": 3.0, "bandwidth": 0.5})
+    push = {"allgather_nvshmem_pull": {"latency": 3.0, "bandwidth": 0.5}}
+    consts = _with_corrections({"2": push})
+    assert n not in (0, cuda_model.NEVER)
+    assert cuda_model.predict("allgather_nvshmem_pull", 2, n, consts, "nvshmem") < \
+        cuda_model.predict("allgather_nvshmem_push", 2, n, consts, "nvshmem")
+    assert cuda_model.predict("allgather_nvshmem_pull", 2, n // 2, consts, "nvshmem") >= \
+        cuda_model.predict("allgather_nvshmem_push", 2, n // 2, consts, "nvshmem")
+    # faster below a crossover only: one threshold cannot say so, and the larger sizes keep push
+    assert pull_from({"latency": 0.5, "bandwidth": 3.0}) == cuda_model.NEVER
+
+
+def test_corrections_come_with_their_constants():
+    assert cuda_model.constants(None)["nvshmem"]["corrections"] == cuda_model.DEFAULT["nvshmem"]["corrections"]
+    assert cuda_model.constants({"cuda": {"cuda_ipc": KNOWN["cuda_ipc"]}})["nvshmem"]["corrections"] == \
+        cuda_model.DEFAULT["nvshmem"]["corrections"]
+    # a profile's own NVSHMEM constants without corrections get none (the default's belong to its constants)
+    assert "corrections" not in cuda_model.constants({"cuda": {"nvshmem": KNOWN["nvshmem"]}})["nvshmem"]
 
 
 def test_samples_skip_failures_staged_auto_and_eager():
@@ -150,7 +227,14 @@ def test_profile_cuda_section_is_checked(tmp_path):
     assert cuda_model.constants(prof)["cuda_ipc"] == cuda_model.DEFAULT["cuda_ipc"]
     for bad, what in (({"nvlink": {}}, "nvlink"), ({"cuda_ipc": {"ll128": {}}}, "ll128"),
                       ({"cuda_ipc": {"ll": {**KNOWN["cuda_ipc"]["ll"], "alpha_s": -1}}}, "alpha_s"),
-                      ({"cuda_ipc": {"ll": {"alpha_s": 1e-6}}}, "alpha_round_s")):
+                      ({"cuda_ipc": {"ll": {"alpha_s": 1e-6}}}, "alpha_round_s"),
+                      ({"nvshmem": {"corrections": {"17": {}}}}, "'17' is not a world size of 1 to 16"),
+                      ({"nvshmem": {"corrections": {"2": {"allreduce_one_shot": {"latency": 1, "bandwidth": 1}}}}},
+                       "'allreduce_one_shot' is not an algorithm"),
+                      ({"nvshmem": {"corrections": {"2": {"allgather_nvshmem_pull": {"latency": 0, "bandwidth": 1}}}}},
+                       "factors must be > 0"),
+                      ({"cuda_ipc": {"corrections": {"2": {"allgather_nvshmem_pull": {"latency": 1, "bandwidth": 1}}}}},
+                       "'allgather_nvshmem_pull' is not an algorithm")):
         good["cuda"] = bad
         path.write_text(json.dumps(good))
         with pytest.raises(ValueError, match=what):

@@ -255,7 +255,7 @@ def test_check_rejects_bad_sections():
         ({"cuda_ipc": {**KNOWN, "corrections": {"4": {"allreduce_ring": {"latency": 0, "bandwidth": 1}}}}},
          "allreduce_ring: factors must be > 0"),
         ({"cuda_ipc": {**KNOWN, "corrections": {"4": {"allreduce_one_shot": {"latency": 1, "bandwidth": 1}}}}},
-         "'allreduce_one_shot' is not a scheduled algorithm"),
+         "'allreduce_one_shot' is not an algorithm of this section"),
         ({"cuda_ipc": {**KNOWN, "corrections": {"4": {"allreduce_ring": {"latency": -1, "bandwidth": 1}}}}},
          "corrections.4.allreduce_ring.latency"),
         ({"cuda_ipc": {**KNOWN, "corrections": {"4": {"allreduce_ring": {"latency": 1}}}}},
