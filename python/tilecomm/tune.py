@@ -527,8 +527,10 @@ def cuda_report(consts, records) -> str:
     corrections = [(m, int(w), k, f) for m in cuda_model.CORRECTED
                    for w, per in consts[m].get("corrections", {}).items() for k, f in sorted(per.items())]
     if corrections:
-        lines += ["", "| memory | world | kernel | latency correction | bandwidth correction |", "|---|---|---|---|---|"]
-        lines += [f"| {m} | {w} | {k} | {f['latency']:.3f} | {f['bandwidth']:.3f} |" for m, w, k, f in sorted(corrections)]
+        lines += ["", "| memory | world | kernel | latency correction | bandwidth correction |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {m} | {w} | {k} | {f['latency']:.3f} | {f['bandwidth']:.3f} |"
+                  for m, w, k, f in sorted(corrections)]
     worlds = sorted({int(r["world"]) for r in records})
     lines += ["", "| world | memory | LL up to (B) | two_shot from (B) |", "|---|---|---|---|"]
     for p in worlds:

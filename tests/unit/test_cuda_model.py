@@ -138,8 +138,7 @@ def test_nvshmem_thresholds_with_corrections():
     assert pull_from({"latency": 2.0, "bandwidth": 2.0}) == cuda_model.NEVER
     # slower below a crossover, faster above it: pull from the first size of the grid past it
     n = pull_from({"latency": 3.0, "bandwidth": 0.5})
-    push = {"allgather_nvshmem_pull": {"latency": 3.0, "bandwidth": 0.5}}
-    consts = _with_corrections({"2": push})
+    consts = _with_corrections({"2": {"allgather_nvshmem_pull": {"latency": 3.0, "bandwidth": 0.5}}})
     assert n not in (0, cuda_model.NEVER)
     assert cuda_model.predict("allgather_nvshmem_pull", 2, n, consts, "nvshmem") < \
         cuda_model.predict("allgather_nvshmem_push", 2, n, consts, "nvshmem")
