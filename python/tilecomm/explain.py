@@ -126,6 +126,35 @@ def direct_lines(world: int, memory: str, profile, cfg, nbytes=None) -> list[str
     return lines
 
 
+def nvshmem_lines(collective: str, world: int, profile, nbytes=None) -> list[str]:
+    """all_gather's and reduce_scatter's NVSHMEM kernels (where a group offers them): from which size
+    pull replaces push (cuda_model.nvshmem_thresholds), and with nbytes (per rank's block) each
+    kernel's prediction, latency and bandwidth parts with its corrections at this world size."""
+    from tilecomm import cuda_model  # noqa: PLC0415
+
+    short = collective.replace("_", "")
+    push, pull = f"{short}_nvshmem_push", f"{short}_nvshmem_pull"
+    n = cuda_model.nvshmem_thresholds(profile, world)[f"{collective}_pull_bytes"]
+    ranges = [(0, None, pull)] if n == 0 else [(0, None, push)] if n == cuda_model.NEVER else \
+        [(0, n - 1, push), (n, None, pull)]
+    lines = [f"{collective}, world size {world}, CUDA tensors (NVSHMEM's kernels, where a group offers them; "
+             "bytes per rank):"]
+    lines += [range_line(*r) for r in ranges]
+    if nbytes is not None:
+        consts = cuda_model.constants(profile)
+        per = consts["nvshmem"].get("corrections", {}).get(str(world), {})
+        lines += ["", f"{collective} of {format_bytes(nbytes)} ({nbytes} B) per rank, world size {world}, NVSHMEM's "
+                      "kernels; predicted us (CUDA model):",
+                  f"    {'kernel':<34}{'total':>9}{'latency':>9}{'bytes':>9}  corrected"]
+        for k in sorted((push, pull), key=lambda k: cuda_model.predict(k, world, nbytes, consts, "nvshmem")):
+            lat, bw = cuda_model.parts(k, world, nbytes, consts, "nvshmem")
+            f = per.get(k, {"latency": 1.0, "bandwidth": 1.0})
+            lat, bw = lat * f["latency"], bw * f["bandwidth"]
+            note = f"x{f['latency']:.3g} / x{f['bandwidth']:.3g}" if k in per else "none at this world size"
+            lines.append(f"    {k:<34}{(lat + bw) * 1e6:>9.2f}{lat * 1e6:>9.2f}{bw * 1e6:>9.2f}  {note}")
+    return lines
+
+
 # Where a direct kernel runs a CUDA collective before the executor (docs/env.md has the settings).
 _DIRECT_FIRST = {
     "all_reduce": "the direct kernels above run it unless TILECOMM_CUDA_ALLREDUCE=scheduled",
@@ -203,6 +232,8 @@ def main(argv=None):
         for coll in colls:
             if coll == "all_reduce":
                 out += [""] + direct_lines(args.world_size, args.memory, profile, cfg, args.size)
+            if coll in ("all_gather", "reduce_scatter"):
+                out += [""] + nvshmem_lines(coll, args.world_size, profile, args.size)
             out += [""] + executor_lines(coll, args.world_size, args.memory, profile)
             if args.size is not None:
                 out += [""] + executor_candidate_lines(coll, args.world_size, args.size, args.memory, profile)

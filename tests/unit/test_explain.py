@@ -209,3 +209,24 @@ def test_cuda_ll_range_stops_at_the_ll_buffer(capsys, monkeypatch):
     rows = _direct_rows(run(capsys, "--collective", "all_reduce", "--world-size", "4", "--device", "cuda"))
     assert rows[0] == ("0 B", explain.format_bytes(cuda_model.LL_MAX_BYTES), "allreduce_one_shot_ll")
     assert rows[1] == (f"{cuda_model.LL_MAX_BYTES + 1} B", "inf", "allreduce_two_shot")
+
+
+def test_cuda_shows_nvshmems_kernels(capsys):
+    """--device cuda, all_gather and reduce_scatter: where pull replaces push (cuda_model.nvshmem_thresholds)
+    and, at --size, each kernel's prediction with its corrections at the world size."""
+    from tilecomm import cuda_model
+
+    out = run(capsys, "--collective", "all_gather", "--world-size", "2", "--size", "1M", "--device", "cuda")
+    block = out.split("(NVSHMEM's kernels")[1].split("\n\n")[0]
+    assert re.findall(r"^  (\S+ \S+) \.\. (\S+)\s+(\w+)$", block, re.M) == [("0 B", "inf", "allgather_nvshmem_pull")]
+    consts = cuda_model.constants(None)
+    rows = re.findall(r"^    (allgather_nvshmem_\w+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)  (.*)$", out, re.M)
+    assert [r[0] for r in rows] == ["allgather_nvshmem_pull", "allgather_nvshmem_push"]  # fastest first
+    for k, total, _, _, note in rows:
+        assert float(total) == pytest.approx(cuda_model.predict(k, 2, 1 << 20, consts, "nvshmem") * 1e6, abs=0.01)
+        assert note.startswith("x")
+    out = run(capsys, "--collective", "reduce_scatter", "--world-size", "8", "--size", "4K", "--device", "cuda")
+    assert "none at this world size" in out
+    n = cuda_model.nvshmem_thresholds(None, 8)["reduce_scatter_pull_bytes"]
+    want = "reducescatter_nvshmem_pull" if n == 0 else "reducescatter_nvshmem_push"
+    assert re.search(rf"^  0 B \.\. \S+\s+{want}$", out, re.M)
