@@ -35,6 +35,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from tilecomm._dist import all_gather_single, reduce_scatter_single
+
 COLLECTIVES = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all"]
 # Also timed when named (and by tilecomm.tune); not part of "all".
 MORE_COLLECTIVES = ["gather", "scatter", "barrier"]
@@ -118,9 +120,9 @@ class Case:
         if c == "all_reduce":
             dist.all_reduce(self.inp, op=self.op, group=g)
         elif c == "all_gather":
-            dist.all_gather_into_tensor(self.out, self.inp, group=g)
+            all_gather_single(self.out, self.inp, group=g)
         elif c == "reduce_scatter":
-            dist.reduce_scatter_tensor(self.out, self.inp, op=self.op, group=g)
+            reduce_scatter_single(self.out, self.inp, op=self.op, group=g)
         elif c == "broadcast":
             dist.broadcast(self.inp, src=0, group=g)
         elif c == "reduce":

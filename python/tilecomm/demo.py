@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from tilecomm import bench, launch
+from tilecomm._dist import all_gather_single, reduce_scatter_single
 
 
 def _check_all_ops(rank, world, gloo):
@@ -43,7 +44,7 @@ def _check_all_ops(rank, world, gloo):
         ag = [torch.empty_like(x) for _ in range(world)]
         dist.all_gather(ag, x, group=g)
         agt = torch.empty(world * x.numel())
-        dist.all_gather_into_tensor(agt, x, group=g)
+        all_gather_single(agt, x, group=g)
         a2a = torch.empty(world * 3)
         dist.all_to_all_single(a2a, torch.arange(world * 3, dtype=torch.float32) + 100 * rank, group=g)
         gat = [torch.empty_like(x) for _ in range(world)] if rank == 0 else None
@@ -60,7 +61,7 @@ def _check_all_ops(rank, world, gloo):
             failures.append("all_gather_object")
     rs_in = torch.arange(world * 7, dtype=torch.float32) * (rank + 1)
     rs_out = torch.empty(7)
-    dist.reduce_scatter_tensor(rs_out, rs_in)
+    reduce_scatter_single(rs_out, rs_in)
     exp = torch.arange(world * 7, dtype=torch.float32)[rank * 7 : (rank + 1) * 7] * (world * (world + 1) // 2)
     same("reduce_scatter", rs_out, exp)
     if world > 1:

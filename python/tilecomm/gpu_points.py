@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from tilecomm import settings
+from tilecomm._dist import all_gather_single, reduce_scatter_single
 from tilecomm.cuda_model import LL_MAX_BYTES
 
 # entry name -> the group's TILECOMM_* settings; "hm_<name>": the same over host_mapped
@@ -122,7 +123,7 @@ def time_entries(entries, x, gout, calls, reps, barrier, timed_eagerly, pick=sta
             ag = lambda g=g: torch.ops.tilecomm.all_gather_into_tensor_out(x, g.group_name, out=gout)  # noqa: E731
         else:
             ar = lambda g=g: dist.all_reduce(x, group=g)  # noqa: E731
-            ag = lambda g=g: dist.all_gather_into_tensor(gout, x, group=g)  # noqa: E731
+            ag = lambda g=g: all_gather_single(gout, x, group=g)  # noqa: E731
         if timed_eagerly(base):
             row[f"all_reduce:{name}:eager"] = attempt(lambda: eager(ar, calls, reps, barrier, pick))
         row[f"all_reduce:{name}:graph"] = attempt(lambda: graph(ar, calls, reps, barrier, pick))
@@ -162,8 +163,8 @@ def time_nvshmem(groups, x, big, calls, reps, barrier, pick=statistics.median):
     row, kernels, memory = {}, {}, {}
     for name, g in groups.items():
         be = g._get_backend(torch.device("cuda"))
-        for coll, fn in (("all_gather", lambda g=g: dist.all_gather_into_tensor(big, x, group=g)),
-                         ("reduce_scatter", lambda g=g: dist.reduce_scatter_tensor(x, big, group=g))):
+        for coll, fn in (("all_gather", lambda g=g: all_gather_single(big, x, group=g)),
+                         ("reduce_scatter", lambda g=g: reduce_scatter_single(x, big, group=g))):
             row[f"{coll}:{name}:eager"] = t = attempt(lambda fn=fn: eager(fn, calls, reps, barrier, pick))
             if isinstance(t, float):  # else the last kernel is an earlier call's
                 kernels[f"{coll}:{name}"] = be.cuda_last_kernel() or "staged"

@@ -865,6 +865,10 @@ def all_gather(rank, world, gloo, dtype, shapes):
         cat = torch.cat([e.reshape((-1,) + shape[1:]) if len(shape) else e.reshape(1) for e in expected])
         assert_equal(out, cat.reshape(flat_shape), what + " [into_tensor]")
         assert_identical_across_ranks(out, gloo, what)
+        if hasattr(dist, "all_gather_single"):  # torch 2.13's name for it
+            single = _garbage(dt, flat_shape)
+            dist.all_gather_single(single, mine)
+            assert_equal(single, out, what + " [all_gather_single]")
         # into one tensor, stacked form [world, *shape]
         stacked = _garbage(dt, (world,) + shape)
         dist.all_gather_into_tensor(stacked, mine)
@@ -963,6 +967,10 @@ def reduce_scatter(rank, world, gloo, dtype, op, blocks):
         out = _garbage(dt, (m,))
         dist.reduce_scatter_tensor(out, full.clone(), op=reduce_op(op))
         assert_equal(out, expected, what + " [tensor]")
+        if hasattr(dist, "reduce_scatter_single"):  # torch 2.13's name for it
+            single = _garbage(dt, (m,))
+            dist.reduce_scatter_single(single, full.clone(), op=reduce_op(op))
+            assert_equal(single, expected, what + " [reduce_scatter_single]")
         out2 = _garbage(dt, (m,))
         parts = [full[r * m:(r + 1) * m].clone() for r in range(world)]
         dist.reduce_scatter(out2, parts, op=reduce_op(op))
