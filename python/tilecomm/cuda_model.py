@@ -139,13 +139,21 @@ def constants(profile) -> dict:
     return out
 
 
-def parts(kernel: str, p: int, nbytes: int, consts: dict, memory: str) -> tuple[float, float]:
-    """(latency, bandwidth) seconds of one call of `kernel` at p ranks over `memory` by the formula,
-    without corrections (constants from ``constants``)."""
+def correction(kernel: str, p: int, consts: dict, memory: str) -> dict | None:
+    """`kernel`'s corrections at p ranks over `memory` ({"latency": f, "bandwidth": f}), or None."""
+    return consts[memory].get("corrections", {}).get(str(p), {}).get(kernel)
+
+
+def parts(kernel: str, p: int, nbytes: int, consts: dict, memory: str, corrected: bool = True) -> tuple[float, float]:
+    """(latency, bandwidth) seconds of one call of `kernel` at p ranks over `memory` by the formula
+    (constants from ``constants``), each times the kernel's correction at p where it has one and
+    `corrected`."""
     k = KERNELS[kernel]
     c = consts[memory][k.protocol]
     latency = c["alpha_s"] + k.rounds(p) * (c["alpha_round_s"] + c["alpha_peer_s"] * (p - 1))
-    return latency, k.wire(p) * nbytes * c["beta_s_per_byte"]
+    bandwidth = k.wire(p) * nbytes * c["beta_s_per_byte"]
+    f = correction(kernel, p, consts, memory) if corrected else None
+    return (latency * f["latency"], bandwidth * f["bandwidth"]) if f else (latency, bandwidth)
 
 
 def runs_over(memory: str) -> set[str]:
@@ -154,11 +162,8 @@ def runs_over(memory: str) -> set[str]:
 
 
 def predict(kernel: str, p: int, nbytes: int, consts: dict, memory: str) -> float:
-    """Predicted seconds of one call of `kernel` at p ranks over `memory`: ``parts`` times the kernel's
-    corrections at p, where the memory has them."""
-    latency, bandwidth = parts(kernel, p, nbytes, consts, memory)
-    f = consts[memory].get("corrections", {}).get(str(p), {}).get(kernel, {})
-    return latency * f.get("latency", 1.0) + bandwidth * f.get("bandwidth", 1.0)
+    """Predicted seconds of one call of `kernel` at p ranks over `memory`: the sum of its ``parts``."""
+    return sum(parts(kernel, p, nbytes, consts, memory))
 
 
 _GRID = [1 << k for k in range(4, 41)]  # the sizes a crossover is placed at: 16 B to 1 TiB
@@ -356,7 +361,7 @@ def fit_corrections(pts, consts: dict, memory: str) -> list[str]:
     by: dict = {}
     for m, k, p, n, t in pts:
         if m == memory:
-            by.setdefault((p, k), []).append((*parts(k, p, n, consts, m), t))
+            by.setdefault((p, k), []).append((*parts(k, p, n, consts, m, corrected=False), t))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", fitting.FitWarning)
         for (p, k), rows in sorted(by.items()):

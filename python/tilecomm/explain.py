@@ -142,15 +142,13 @@ def nvshmem_lines(collective: str, world: int, profile, nbytes=None) -> list[str
     lines += [range_line(*r) for r in ranges]
     if nbytes is not None:
         consts = cuda_model.constants(profile)
-        per = consts["nvshmem"].get("corrections", {}).get(str(world), {})
         lines += ["", f"{collective} of {format_bytes(nbytes)} ({nbytes} B) per rank, world size {world}, NVSHMEM's "
                       "kernels; predicted us (CUDA model):",
                   f"    {'kernel':<34}{'total':>9}{'latency':>9}{'bytes':>9}  corrected"]
         for k in sorted((push, pull), key=lambda k: cuda_model.predict(k, world, nbytes, consts, "nvshmem")):
             lat, bw = cuda_model.parts(k, world, nbytes, consts, "nvshmem")
-            f = per.get(k, {"latency": 1.0, "bandwidth": 1.0})
-            lat, bw = lat * f["latency"], bw * f["bandwidth"]
-            note = f"x{f['latency']:.3g} / x{f['bandwidth']:.3g}" if k in per else "none at this world size"
+            f = cuda_model.correction(k, world, consts, "nvshmem")
+            note = f"x{f['latency']:.3g} / x{f['bandwidth']:.3g}" if f else "none at this world size"
             lines.append(f"    {k:<34}{(lat + bw) * 1e6:>9.2f}{lat * 1e6:>9.2f}{bw * 1e6:>9.2f}  {note}")
     return lines
 
