@@ -525,7 +525,7 @@ def cuda_report(consts, records) -> str:
             lines.append(f"| {m} | {pr} | {c['alpha_s'] * 1e6:.2f} | {c['alpha_round_s'] * 1e6:.2f} | "
                          f"{c['alpha_peer_s'] * 1e6:.2f} | {bw} | {f.get('points', 0)} | {med} |")
     corrections = [(m, int(w), k, f) for m in cuda_model.CORRECTED
-                   for w, per in consts[m].get("corrections", {}).items() for k, f in sorted(per.items())]
+                   for w, per in consts[m].get("corrections", {}).items() for k, f in per.items()]
     if corrections:
         lines += ["", "| memory | world | kernel | latency correction | bandwidth correction |",
                   "|---|---|---|---|---|"]
