@@ -6,18 +6,22 @@ Needs a CUDA build of tilecomm (with NVSHMEM for the fcollect row) and, with sev
 MPS daemon (`scripts/gpu-run benchmarks/host_path.py ...` starts it). For float32 all_gather_into_tensor and all_reduce of
 --bytes per rank (tilecomm, auto selection) and NVSHMEM's fcollect, it measures on every rank:
 
-- ``host_us``: wall time of -n back-to-back calls on the host divided by -n (the GPU work is a few
-  microseconds per call, so the host is the bottleneck and this is its cost per call);
+- ``host_us``: wall time of -n back-to-back calls on the host divided by -n, the fastest of 5 such
+  loops (the GPU work is a few microseconds per call, so the host is the bottleneck and this is its
+  cost per call);
 - ``event_us``: the timing of the comparison scripts (gpu_compare.py: a barrier, then one call between
   CUDA events), median over -n calls;
 
-and, on rank 0, torch.profiler's table of 50 calls (CPU time per operator and per CUDA runtime call:
-how many event records, stream waits and launches one collective makes).
+and, on rank 0, the host stages of the all_reduce and operator rows (tilecomm.host_stages: the
+backend's part of a call, stage by stage) and torch.profiler's table of 50 calls (CPU time per
+operator and per CUDA runtime call: how many event records, stream waits and launches one
+collective makes).
 
 The rows that take a tilecomm all_reduce apart by layers: ``backend`` calls the group's tilecomm
 backend directly (a synchronous AllreduceOptions: no torch.distributed Python, no c10d dispatcher);
 ``op`` and ``op_all_gather`` are tilecomm's operators (torch.ops.tilecomm, through the dispatcher);
-``symm_one_shot`` is SymmetricMemory's one_shot_all_reduce, one operator and one launch. For scale,
+``symm_one_shot`` and ``symm_two_shot`` are SymmetricMemory's one_shot_all_reduce and
+two_shot_all_reduce_, one operator each. For scale,
 ``event_record`` is torch.cuda.Event.record and ``capture_query`` torch.cuda.is_current_stream_capturing,
 each called from Python (torch's Python around one runtime call; the profiler's table gives the
 runtime calls' own cost).
@@ -37,22 +41,25 @@ from gpu_compare import _timed, run_worlds, symmetric_memory  # noqa: E402
 from tilecomm.bench import parse_size  # noqa: E402
 
 
-def _host_cost(fn, iters):
+def _host_cost(fn, iters, loops=5):
+    """The host's time per call: the fastest of `loops` loops of `iters` back-to-back calls."""
     for _ in range(10):
         fn()
     torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    host = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return host / iters
+    best = float("inf")
+    for _ in range(loops):
+        start = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        best = min(best, time.perf_counter() - start)
+        torch.cuda.synchronize()
+    return best / iters
 
 
 def _rank(rank, world, args):
     os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(100 // world)  # before the GPU is touched (NVSHMEM)
     os.environ["TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"] = "1"  # SymmetricMemory: ranks share the GPU
-    import tilecomm  # noqa: F401  (registers the backend)
+    import tilecomm  # (registers the backend)
     from tilecomm import nvshmem
 
     torch.cuda.set_device(rank % torch.cuda.device_count())
@@ -82,6 +89,7 @@ def _rank(rank, world, args):
         sbuf.zero_()
         symm.rendezvous(sbuf, gloo.group_name)
         calls["symm_one_shot"] = lambda: torch.ops.symm_mem.one_shot_all_reduce(sbuf, "sum", gloo.group_name)
+        calls["symm_two_shot"] = lambda: torch.ops.symm_mem.two_shot_all_reduce_(sbuf, "sum", gloo.group_name)
     try:
         sx = nvshmem.symmetric_empty(n, dtype=torch.float32)
         so = nvshmem.symmetric_empty(world * n, dtype=torch.float32)
@@ -100,6 +108,15 @@ def _rank(rank, world, args):
         print(f"world={world} bytes={args.bytes} last kernel={be.cuda_last_kernel()}")
         for name, (host, event) in row.items():
             print(f"  {name:<12} host_us={host * 1e6:7.1f}  event_us={event * 1e6:7.1f}")
+    for name in ("all_reduce", "op", "op_all_gather"):  # Note [Host stages]: where the backend's part goes
+        with tilecomm.host_stages() as rec:
+            for _ in range(args.iters):
+                calls[name]()
+            torch.cuda.synchronize()
+        if rank == 0:
+            print(f"# world {world}, {name}: host stages of rank 0 over {args.iters} calls "
+                  f"(the loop's time per call: {row[name][0] * 1e6:.1f} µs)")
+            print(rec.table())
     for name in ("all_gather", "all_reduce", "op"):
         from torch.profiler import ProfilerActivity, profile
 

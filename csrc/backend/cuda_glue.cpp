@@ -11,6 +11,7 @@
 #include <initializer_list>
 
 #include "common/error.h"
+#include "common/host_stages.h"
 #include "common/pci.h"
 #include "cuda/nvshmem.h"
 #include "exec/device_schedule.h"
@@ -135,6 +136,7 @@ void CudaOp::run(const std::vector<at::Tensor>& tensors, const std::function<voi
     if (order) order->leave(shared_from_this());
   };
   if (!on_caller_stream) C10_CUDA_CHECK(cudaStreamWaitEvent(stream.stream(), ready, 0));
+  host_stages::mark(host_stages::Stage::kGuarded);
   try {
     fn();
   } catch (...) {
@@ -146,6 +148,7 @@ void CudaOp::run(const std::vector<at::Tensor>& tensors, const std::function<voi
       if (t.is_cuda() && t.storage().data_ptr().get())
         c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream);
   record_end();
+  host_stages::mark(host_stages::Stage::kEnded);
 }
 
 // ---------------------------------------------------------------- CudaGroup
@@ -874,10 +877,12 @@ void CudaGroup::allReduceDirect(CudaOp& op, at::Tensor& t, DType dtype, RedOp ro
   // elements and the kernels' vector loads stay aligned); each is an all_reduce of its own.
   const uint64_t piece = algo == cuda::DirectAlgo::kOneShotLL ? t.nbytes() : ipc_->capacity() / 256 * 256;
   char* base = static_cast<char*>(t.data_ptr());
+  host_stages::mark(host_stages::Stage::kReady);
   for (uint64_t off = 0; off < t.nbytes(); off += piece) {
     op.direct_launch = cuda::allReduceDirect(algo, *ipc_, base + off, std::min(piece, t.nbytes() - off), dtype, rop,
                                              op.stream.stream(), timeout_ns);
   }
+  host_stages::mark(host_stages::Stage::kLaunched);
   op.ipc = ipc_;
 }
 
@@ -885,8 +890,10 @@ void CudaGroup::allGatherDirect(CudaOp& op, const at::Tensor& in, const std::vec
                                 int64_t timeout_ms) {
   uint64_t timeout_ns = static_cast<uint64_t>(timeout_ms) * 1000000ull;
   last_kernel_ = kLastAllGatherLL;
+  host_stages::mark(host_stages::Stage::kReady);
   op.direct_launch = cuda::allGatherDirectLL(*ipc_, in.data_ptr(), outs.data(), in.nbytes(), op.stream.stream(),
                                              timeout_ns);
+  host_stages::mark(host_stages::Stage::kLaunched);
   op.ipc = ipc_;
 }
 

@@ -14,6 +14,7 @@
 
 #include "backend/process_group.hpp"
 #include "common/error.h"
+#include "common/host_stages.h"
 #include "common/pci.h"
 #include "kernels/reduce.h"
 #include "exec/device_schedule.h"
@@ -391,6 +392,9 @@ PYBIND11_MODULE(_C, m) {
     std::memcpy(&h, b.data(), sizeof(h));
     return transport::checkFrame(h, lane, expected_seq, slot_bytes);
   });
+  // Note [Host stages]: tilecomm.host_stages turns the record on and takes its samples.
+  m.def("host_stages_start", &host_stages::start);
+  m.def("host_stages_stop", &host_stages::stop);
   // The one form of a PCI bus id in which NVML's GPU pairs meet CUDA's devices (common/pci.h).
   m.def("canonical_bus_id", &canonicalBusId);
   m.attr("FRAME_HEADER_BYTES") = sizeof(transport::FrameHeader);

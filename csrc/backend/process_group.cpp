@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "common/error.h"
+#include "common/host_stages.h"
 #include "kernels/reduce.h"
 
 #ifdef TILECOMM_WITH_CUDA
@@ -226,6 +227,7 @@ bool TilecommWork::wait(std::chrono::milliseconds timeout) {
     if (!err.empty()) C10_THROW_ERROR(DistBackendError, "tilecomm: " + err);
   }
 #endif
+  host_stages::mark(host_stages::Stage::kWaited);
   return done;
 }
 
@@ -405,6 +407,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::launch(c10d::OpType type, b
     cc->writes = std::move(writes);
     cc->direct = std::move(direct);
     cc->on_device = on_device;
+    host_stages::mark(host_stages::Stage::kBegun);
   }
 #else
   (void)direct, (void)on_device;
@@ -427,6 +430,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::launch(c10d::OpType type, b
   exec::Engine::Task task;
   task.run = [this, result, cc, body = std::move(body), sr = std::move(strided_reads),
               sw = std::move(strided_writes)]() {
+    host_stages::mark(host_stages::Stage::kTurn);
     std::string failed = engine_->failure();
 #ifdef TILECOMM_WITH_CUDA
     // A kernel of this rank that failed on the GPU fails the group, for CPU calls too, and tells the
@@ -470,6 +474,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::launch(c10d::OpType type, b
     }
   };
   task.done = [work, result]() { work->complete(*result); };
+  host_stages::mark(host_stages::Stage::kIssued);
+  // Note [Host stages]: an asynchronous call's task may run on the engine's thread; and only the
+  // collectives that mark their entry are recorded (a call of another kind ends any record left open).
+  if (async || (type != c10d::OpType::ALLREDUCE && type != c10d::OpType::_ALLGATHER_BASE)) host_stages::drop();
   // NOTE: an operation issued from a Future callback (on the worker thread) runs
   // right away; queued behind the callback's own task it would never run.
   if (async && !engine_->onWorkerThread()) {
@@ -477,6 +485,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::launch(c10d::OpType type, b
   } else {
     engine_->runNow(std::move(task));
   }
+  host_stages::mark(host_stages::Stage::kDone);
   return work;
 }
 
@@ -746,6 +755,7 @@ PeerWatch ProcessGroupTilecomm::peerWatch() const {
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::allreduce(std::vector<at::Tensor>& tensors,
                                                              const c10d::AllreduceOptions& opts) {
+  host_stages::mark(host_stages::Stage::kEnter);  // Note [Host stages]
   if (tensors.size() == 1 && tensors[0].defined() && tensors[0].layout() == at::kSparse)
     return allreduceSparse(tensors[0], opts);
   at::Tensor t = single(tensors, "all_reduce");
@@ -753,6 +763,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::allreduce(std::vector<at::T
   int64_t timeout = timeoutOf(opts.timeout, timeout_ms_);
   auto op = opts.reduceOp;
   Direct direct = t.is_cuda() ? directAllReduce(t, dtype, op, timeout) : nullptr;
+  host_stages::mark(host_stages::Stage::kChecked);
   return launch(c10d::OpType::ALLREDUCE, opts.asyncOp, {t}, {t}, {t}, [=](const Host& h) {
     at::Tensor x = h(t);
     reduceOver(h, Coll::kAllReduce, x, op, -1, x.numel(), timeout);
@@ -888,6 +899,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::reduce(std::vector<at::Tens
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                    const c10d::AllgatherOptions& opts) {
+  host_stages::mark(host_stages::Stage::kEnter);  // Note [Host stages]
   checkTensor(input, "all_gather input");
   checkTensor(output, "all_gather output");
   checkDevice(input, output, "all_gather output");
@@ -903,6 +915,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::_allgather_base(at::Tensor&
   for (int r = 0; in.is_cuda() && r < size_; ++r)
     blocks.push_back(static_cast<char*>(out.data_ptr()) + r * in.nbytes());
   Direct direct = directAllGather(in, std::move(blocks), true, timeout);
+  host_stages::mark(host_stages::Stage::kChecked);
   return launch(c10d::OpType::_ALLGATHER_BASE, opts.asyncOp, {out}, {in}, {out}, [=](const Host& h) {
     at::Tensor flat = h(out).view({-1});
     flat.narrow(0, rank_ * in.numel(), in.numel()).copy_(h(in).view({-1}));

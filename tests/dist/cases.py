@@ -1759,6 +1759,48 @@ def operators(rank, world, gloo, shapes=((0,), (1,), (1001,), (3, 5, 7))):
     return {"checked": checked, "errors": msgs}
 
 
+def host_stages(rank, world, gloo, calls=40):
+    """tilecomm.host_stages (Note [Host stages]): every synchronous all_reduce and all_gather_into_tensor
+    of the block, through dist and the operators, gives one sample per CPU stage and none of the CUDA
+    stages; asynchronous calls, other collectives, a refused call and calls outside the block give
+    none; the results stay right; blocks do not nest."""
+    import math
+
+    import tilecomm
+    from tilecomm.host_stages import STAGES
+
+    name = dist.group.WORLD.group_name
+    cpu_stages = ["checked", "issued", "turn", "done", "waited"]
+    y, out = torch.ones(7), torch.empty(7 * world)
+    with tilecomm.host_stages() as rec:
+        for _ in range(calls):
+            y.fill_(rank + 1)
+            dist.all_reduce(y)
+            assert y.tolist() == [world * (world + 1) / 2] * 7, y
+            y.fill_(rank + 1)
+            torch.ops.tilecomm.all_reduce_(y, "max", name)
+            assert y.tolist() == [float(world)] * 7, y
+            dist.all_gather_into_tensor(out, torch.full((7,), float(rank)))
+            assert out.tolist() == [float(r) for r in range(world) for _ in range(7)], out
+        dist.all_reduce(y, async_op=True).wait()
+        dist.all_gather_into_tensor(out, y, async_op=True).wait()
+        dist.broadcast(y, 0)  # another collective: not recorded
+        expect_error(TypeError, lambda: dist.all_reduce(torch.ones(2, dtype=torch.bool), op=dist.ReduceOp.AVG),
+                     "refused call inside the block", "AVG")
+        expect_error(RuntimeError, lambda: tilecomm.host_stages().__enter__(), "nested block", "already recording")
+    dist.all_reduce(y)  # after the block: not recorded
+    assert sorted(rec.samples) == sorted(cpu_stages), rec.samples.keys()
+    for st, xs in rec.samples.items():
+        assert len(xs) == 3 * calls, (st, len(xs))
+        assert all(math.isfinite(x) and x >= 0 for x in xs), (st, min(xs))
+    assert list(rec.medians()) == [st for st in STAGES if st in cpu_stages], rec.medians()
+    assert "| sum of medians |" in rec.table(), rec.table()
+    with tilecomm.host_stages() as again:
+        pass
+    assert again.samples == {}, again.samples
+    return {"checked": 3 * calls}
+
+
 def bad_inputs(rank, world, gloo):
     msgs = {}
     be = backend()

@@ -413,3 +413,9 @@ def test_operators(pools, cfg):
     """torch.ops.tilecomm.all_reduce_ / all_gather_into_tensor_out: every dtype and op, as dist's functions do."""
     rep = _run(pools, cfg, "operators")[0]
     assert rep["checked"] >= 300, rep["checked"]  # the valid (dtype, op) pairs x shapes, and the gathers
+
+
+@pytest.mark.parametrize("cfg", [pytest.param(Cfg(w), id=f"host_stages-auto-p{w}") for w in (1, 3)])
+def test_host_stages(pools, cfg):
+    """tilecomm.host_stages records one sample per stage for each synchronous call of its block, and nothing else."""
+    assert _run(pools, cfg, "host_stages")[0]["checked"] == 120
