@@ -511,6 +511,40 @@ def allreduce_sequence(rank, world, gloo, sizes=SEQUENCE_SIZES):
     finish()
 
 
+def host_stages(rank, world, gloo, calls=30):
+    """tilecomm.host_stages on CUDA tensors (Note [Host stages]): a synchronous all_reduce that runs a
+    direct kernel, through dist and the operator, gives one sample per stage, the CUDA ones included;
+    an all_gather_into_tensor gives the stages every CUDA call passes (its kernel's may differ by
+    path); the results stay right."""
+    import tilecomm
+    from tilecomm.host_stages import STAGES
+
+    d = dev()
+    name = dist.group.WORLD.group_name
+    y = torch.empty(256, device=d)  # 1 KiB: the LL one-shot under auto
+    out = torch.empty(world * 256, device=d)
+    mine = torch.full((256,), float(rank), device=d)
+    want = torch.arange(world, dtype=torch.float32).repeat_interleave(256)
+    dist.all_reduce(y)  # the first direct call sets up the peer transport
+    dist.all_gather_into_tensor(out, mine)
+    with tilecomm.host_stages() as rec:
+        for _ in range(calls):
+            y.fill_(rank + 1)
+            dist.all_reduce(y)
+            y.fill_(rank + 1)
+            torch.ops.tilecomm.all_reduce_(y, "sum", name)
+    check_equal(y.cpu(), torch.full((256,), world * (world + 1) / 2), "all_reduce inside host_stages")
+    assert sorted(rec.samples) == sorted(STAGES), rec.samples.keys()
+    for st, xs in rec.samples.items():
+        assert len(xs) == 2 * calls and min(xs) >= 0, (st, len(xs), min(xs))
+    with tilecomm.host_stages() as rec:
+        for _ in range(calls):
+            dist.all_gather_into_tensor(out, mine)
+    check_equal(out.cpu(), want, "all_gather inside host_stages")
+    for st in ("checked", "begun", "issued", "turn", "guarded", "ended", "done", "waited"):
+        assert len(rec.samples.get(st, [])) == calls, (st, rec.samples.keys())
+
+
 def operators(rank, world, gloo, sizes=SEQUENCE_SIZES):
     """torch.ops.tilecomm's collectives on CUDA tensors (Note [Operators]): closed form, the same
     bits as dist.all_reduce / dist.all_gather_into_tensor of the group, ordered after a late write

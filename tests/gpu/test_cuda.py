@@ -259,6 +259,11 @@ def test_operators(pools, world, config):
 
 
 @pytest.mark.parametrize("world", WORLDS)
+def test_host_stages(pools, world):
+    pools.run(world, CONFIGS["auto"], "host_stages")
+
+
+@pytest.mark.parametrize("world", WORLDS)
 def test_ddp_matches_gloo(pools, world):
     pools.run(world, {}, "ddp_matches_gloo")
 
