@@ -52,12 +52,12 @@ void start() {
   g_on.store(true, std::memory_order_relaxed);
 }
 
-std::map<std::string, std::vector<double>> stop() {
+std::vector<std::pair<std::string, std::vector<double>>> stop() {
   std::lock_guard<std::mutex> lk(g_mu);
   g_on.store(false, std::memory_order_relaxed);
-  std::map<std::string, std::vector<double>> out;
+  std::vector<std::pair<std::string, std::vector<double>>> out;
   for (int k = 1; k < kStages; ++k)
-    if (!g_samples[k].empty()) out[kNames[k]] = std::move(g_samples[k]);
+    if (!g_samples[k].empty()) out.emplace_back(kNames[k], std::move(g_samples[k]));
   for (auto& v : g_samples) v.clear();
   return out;
 }

@@ -2,8 +2,8 @@
 #pragma once
 
 #include <atomic>
-#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tilecomm::host_stages {
@@ -45,7 +45,8 @@ void drop();
 /// Clears the table and starts recording.
 void start();
 
-/// Stops recording; every stage's samples in microseconds, by stage name, in the order of the calls.
-std::map<std::string, std::vector<double>> stop();
+/// Stops recording; (stage name, its samples in microseconds in the order of the calls) for every
+/// stage recorded, in the stages' order.
+std::vector<std::pair<std::string, std::vector<double>>> stop();
 
 }  // namespace tilecomm::host_stages
