@@ -39,12 +39,6 @@ struct RelaxedCapture {
   RelaxedCapture& operator=(const RelaxedCapture&) = delete;
 };
 
-bool capturing(cudaStream_t s) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  TORCH_CHECK(cudaStreamIsCapturing(s, &status) == cudaSuccess, "tilecomm: cudaStreamIsCapturing");
-  return status != cudaStreamCaptureStatusNone;
-}
-
 std::vector<uint8_t> toBytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
 std::string fromBytes(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
 
@@ -84,7 +78,7 @@ void EventPool::put(cudaEvent_t e) {
 }
 
 void StreamOrder::enter(const CudaOp& op) {
-  if (op.captured || !last_ || last_->stream == op.stream || !last_->settleEnd("the next collective")) return;
+  if (op.captured || !last_ || last_->stream == op.stream) return;
   C10_CUDA_CHECK(cudaStreamWaitEvent(op.stream.stream(), last_->end, 0));
 }
 
@@ -93,9 +87,7 @@ void StreamOrder::leave(std::shared_ptr<const CudaOp> op) {
 }
 
 void StreamOrder::drain() {
-  // Errors ignored: at exit the runtime may be gone.
-  if (last_ && last_->end_recorded.load(std::memory_order_acquire)) cudaEventSynchronize(last_->end);
-  else if (last_) cudaStreamSynchronize(last_->stream.stream());  // its `end` deferred (Note [Deferred end])
+  if (last_) cudaEventSynchronize(last_->end);  // errors ignored: at exit the runtime may be gone
   last_.reset();
 }
 
@@ -117,31 +109,8 @@ std::string CudaOp::directError() const {
   return failed != 0 && direct_launch >= failed ? ipc->errorText() : "";
 }
 
-bool CudaOp::settleEnd(const char* who) const {
-  if (end_recorded.load(std::memory_order_acquire)) return true;
-  if (!end_deferred.load(std::memory_order_acquire)) return false;
-  std::lock_guard<std::mutex> lk(end_mu_);
-  if (!end_recorded.load(std::memory_order_relaxed)) {
-    TORCH_CHECK_VALUE(!capturing(stream.stream()), "tilecomm: ", who, " must follow an earlier synchronous ",
-                      "collective, but the stream that collective ran on is capturing a CUDA graph now, so that ",
-                      "point of it cannot be marked; synchronize that stream before capturing on it");
-    c10::cuda::CUDAGuard guard(device);  // an event is recorded on its own device
-    C10_CUDA_CHECK(cudaEventRecord(end, stream.stream()));
-    end_recorded.store(true, std::memory_order_release);
-  }
-  return true;
-}
-
 bool CudaOp::endReached() const {
-  if (!end_recorded.load(std::memory_order_acquire) && end_deferred.load(std::memory_order_acquire)) {
-    // Note [Deferred end]: an idle stream answers without an event; a capturing one cannot be asked.
-    if (capturing(stream.stream())) return false;
-    cudaError_t e = cudaStreamQuery(stream.stream());
-    if (e == cudaSuccess) return true;
-    if (e != cudaErrorNotReady) C10_CUDA_CHECK(e);
-    (void)cudaGetLastError();  // not ready is no error: clear it
-  }
-  if (!settleEnd("is_completed()")) return true;
+  if (!end_recorded) return true;
   cudaError_t e = cudaEventQuery(end);
   if (e == cudaSuccess) return true;
   if (e != cudaErrorNotReady) C10_CUDA_CHECK(e);
@@ -150,9 +119,9 @@ bool CudaOp::endReached() const {
 }
 
 void CudaOp::waitEnd() const {
+  if (!end_recorded) return;
   c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device.index());
   if (current == stream) return;  // ordered already (a synchronous call's wait on its own stream)
-  if (!settleEnd("wait() on another stream")) return;
   c10::cuda::CUDAGuard guard(device);  // a stream waits on the device it belongs to
   C10_CUDA_CHECK(cudaStreamWaitEvent(current.stream(), end, 0));
 }
@@ -166,7 +135,7 @@ void CudaOp::run(const std::vector<at::Tensor>& tensors, const std::function<voi
   if (order) order->enter(*this);
   auto record_end = [&] {
     C10_CUDA_CHECK(cudaEventRecord(end, stream.stream()));
-    end_recorded.store(true, std::memory_order_release);
+    end_recorded = true;
     if (order) order->leave(shared_from_this());
   };
   if (!on_caller_stream) C10_CUDA_CHECK(cudaStreamWaitEvent(stream.stream(), ready, 0));
@@ -181,12 +150,7 @@ void CudaOp::run(const std::vector<at::Tensor>& tensors, const std::function<voi
     for (const at::Tensor& t : tensors)
       if (t.is_cuda() && t.storage().data_ptr().get())
         c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream);
-  if (on_caller_stream && !captured) {  // Note [Deferred end]
-    end_deferred.store(true, std::memory_order_release);
-    if (order) order->leave(shared_from_this());
-  } else {
-    record_end();
-  }
+  record_end();
   host_stages::mark(host_stages::Stage::kEnded);
 }
 
@@ -286,7 +250,9 @@ std::shared_ptr<CudaOp> CudaGroup::begin(const c10::Device& device, bool on_call
   if (c10::cuda::current_device() != device.index()) guard.set_device(device);
   c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device.index());
   auto op = std::make_shared<CudaOp>(device, on_caller_stream ? current : internal, events_, on_caller_stream);
-  op->captured = capturing(current.stream());
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  TORCH_CHECK(cudaStreamIsCapturing(current.stream(), &capture) == cudaSuccess, "tilecomm: cudaStreamIsCapturing");
+  op->captured = capture != cudaStreamCaptureStatusNone;
   // Note [CUDA graphs]: under capture, this record and the internal stream's wait on it fork
   // the internal stream into the capture (a call on the caller's stream needs neither).
   if (!on_caller_stream) C10_CUDA_CHECK(cudaEventRecord(op->ready, current.stream()));

@@ -28,33 +28,18 @@
 // caller's current stream instead, as ProcessGroupNCCL does in that mode: the caller's stream
 // orders it with what comes before and after, so it needs no `ready` event, no stream waits and
 // no recordStream (tensors are used on the caller's stream, as by any torch operation on it).
-// Its `end` event is recorded on that stream only when something asks for it (Note [Deferred
-// end]). Should such a call fall back to the staged path (no peer transport), it
+// Its `end` event is still recorded, on that stream, so that its Work answers is_completed(),
+// wait() from another stream and a failed kernel as before, and the next collective on another
+// stream can wait on it. Should such a call fall back to the staged path (no peer transport), it
 // is staged on the caller's stream. Asynchronous calls, the other staged calls and
 // point-to-point keep the internal stream.
-//
-// Note [Deferred end]: an eager synchronous call on the caller's stream does not record its `end`
-// event when it runs (a runtime call of about 1 us of host time on an H100 under MPS). Almost
-// always nothing asks for it: the caller's stream already orders the call with what follows, and so
-// does the next collective on the same stream. What does ask records it then, on the call's stream,
-// once (CudaOp::settleEnd): is_completed(), wait() or synchronize() from another stream, the next
-// collective on another stream (Note [Stream order]), the check of a failed kernel at wait().
-// Recorded later, `end` also follows what the caller queued on that stream since, so it may be
-// reached later than the call's own kernel, never earlier: a wait can only order more.
-// is_completed() asks the stream itself first (true once it is idle, as after a synchronize), then
-// records `end`; while that stream is capturing a CUDA graph it says false (neither question may be
-// asked then), and the other askers raise a ValueError (the point after the call can no longer be
-// marked; a record made at the call would have marked it). At the group's end, where the last
-// collective's `end` was deferred, the group synchronizes that stream. A captured call records
-// `end` at once (it is part of the graph), and so does an asynchronous or internal-stream call
-// (wait() waits on it) and a call whose GPU work threw.
 //
 // Note [Guards where needed]: a CUDA call sets the op's device and stream only where they are not
 // current already. A synchronous call runs on the caller's thread, on the caller's stream, where
 // both already are; a c10 device guard's exit asks the driver whether the device has a primary
-// context (three guards cost about 1 us per call on an H100 under MPS, docs/benchmarks.md). An
-// asynchronous call's task (on the engine's thread) or a call on another device still gets the
-// guards.
+// context, and the three guards of such a call cost about 1 us of its host time (an H100 under MPS,
+// docs/benchmarks.md). An asynchronous call's task (on the engine's thread), or a call on the
+// internal stream or on another device, sets what differs.
 //
 // Note [CUDA graphs]: an operation issued while the caller's stream is being
 // captured is captured too: an asynchronous one's `ready` forks the internal
@@ -267,17 +252,13 @@ struct CudaOp : std::enable_shared_from_this<CudaOp> {
   StreamOrder* order = nullptr;  // the group's, for collectives (Note [Stream order]); used in run()
   cudaEvent_t ready = nullptr;   // the caller's current stream at issue (internal stream only)
   cudaEvent_t end;               // the operation's stream after its GPU work
-  mutable std::atomic<bool> end_recorded{false};  // set by run(), or by settleEnd() where run() deferred it
-  std::atomic<bool> end_deferred{false};          // Note [Deferred end]
+  std::atomic<bool> end_recorded{false};  // set by run()
   uint64_t direct_launch = 0;    // the launch id of its direct kernel, 0 if none
   bool captured = false;         // issued while the caller's stream was capturing a CUDA graph
   std::shared_ptr<cuda::PeerTransport> ipc;
 
   /// Why its direct kernel failed on the GPU ("" if it did not, or has not finished).
   std::string directError() const;
-  /// Records `end` now where run() deferred it (Note [Deferred end]); whether `end` is recorded.
-  /// `who` names what needs it, in the error where the stream is capturing a CUDA graph by now.
-  bool settleEnd(const char* who) const;
   /// Whether the GPU has passed `end` (true if run() never recorded it). Not under capture.
   bool endReached() const;
   /// Makes the current stream of the operation's device wait on `end` (no-op if never recorded,
@@ -285,11 +266,8 @@ struct CudaOp : std::enable_shared_from_this<CudaOp> {
   void waitEnd() const;
   /// Runs fn with the device and the operation's stream current (on the internal stream: after it
   /// waited on `ready`, and then marks `tensors` used by it), then records `end` (also when fn
-  /// throws), or defers it (Note [Deferred end]).
+  /// throws).
   void run(const std::vector<at::Tensor>& tensors, const std::function<void()>& fn);
-
- private:
-  mutable std::mutex end_mu_;  // settleEnd()'s record, once
 };
 
 /// Note [Direct point-to-point]: what a sender tells its receiver (through the CPU engine).

@@ -21,7 +21,7 @@ namespace tilecomm::host_stages {
 //   guarded   CUDA: failure checks, the device and stream guards, the wait on the previous stream
 //   ready     CUDA: the path decided (peer transport ready, kernel chosen), just before the launch
 //   launched  CUDA: the kernel launch
-//   ended     CUDA: the end event recorded, or deferred (Note [Deferred end])
+//   ended     CUDA: the end event recorded
 //   done      CPU: the collective itself; then (both) the task's end and the Work completed
 //   waited    the caller's wait on the Work (through torch.distributed's Python, for dist calls)
 // Off by default: each mark is then one relaxed load. On (start(), from

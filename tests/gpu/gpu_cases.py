@@ -1094,9 +1094,9 @@ def streams(rank, world, gloo, n, direct):
         side.synchronize()
         check(w4.is_completed(), "a synchronous call's Work is not completed once its stream passed it")
         check_equal(z, torch.full((n,), float(world)), "a side stream after wait() on a synchronous call")
-        # Note [Deferred end]: is_completed() of a synchronous call held back by a slow kernel is false at
-        # first (a staged call waits for its stream on the host before it returns) and true after a
-        # synchronize, whether or not it was asked before.
+        # is_completed() of a synchronous call held back by a slow kernel is false at first (a staged call
+        # waits for its stream on the host before it returns) and true after a synchronize, whether or not
+        # it was asked before.
         torch.cuda._sleep(20_000_000)
         w5 = dist.group.WORLD.allreduce([ones], opts)
         check(not direct or not w5.is_completed(), "a synchronous call's Work is completed before its stream got there")
