@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <mutex>
+#include <stdexcept>
 
 namespace tilecomm::host_stages {
 
@@ -48,6 +49,8 @@ void drop() { t_call.armed = false; }
 
 void start() {
   std::lock_guard<std::mutex> lk(g_mu);
+  if (g_on.load(std::memory_order_relaxed))
+    throw std::runtime_error("tilecomm.host_stages: already recording in this process (blocks do not nest)");
   for (auto& v : g_samples) v.clear();
   g_on.store(true, std::memory_order_relaxed);
 }

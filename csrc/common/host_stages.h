@@ -15,10 +15,10 @@ namespace tilecomm::host_stages {
 // thread. The stages, in order (CPU calls skip the CUDA ones, and each then counts from the
 // mark before it):
 //   checked   from the backend method's entry: argument checks, and the direct kernel's closure
-//   begun     CUDA: the device checks and the op's begin (device guard, capture query, events)
+//   begun     CUDA: the device checks and the op's begin (device guard where needed, capture query, events)
 //   issued    the Work and the engine's task made
 //   turn      the engine's turn taken (issue order), the task started
-//   guarded   CUDA: failure checks, the device and stream guards, the wait on the previous stream
+//   guarded   CUDA: failure checks, the device and stream guards where needed, the wait on the previous stream
 //   ready     CUDA: the path decided (peer transport ready, kernel chosen), just before the launch
 //   launched  CUDA: the kernel launch
 //   ended     CUDA: the end event recorded
@@ -42,7 +42,7 @@ inline void mark(Stage s) {
 /// This thread's call is not recorded (an asynchronous one, or one of another collective).
 void drop();
 
-/// Clears the table and starts recording.
+/// Clears the table and starts recording; throws where it is recording already (blocks do not nest).
 void start();
 
 /// Stops recording; (stage name, its samples in microseconds in the order of the calls) for every

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import contextlib
 
-_recording = False
-
 
 class HostStages:
     """The samples of one ``host_stages()`` block: microseconds per call, by stage, in the stages' order."""
@@ -48,17 +46,13 @@ class HostStages:
 
 @contextlib.contextmanager
 def host_stages():
-    """Records the host stages of the block's synchronous collectives (one block at a time per process)."""
-    global _recording
+    """Records the host stages of the block's synchronous collectives (one block at a time per process: a
+    nested block raises RuntimeError)."""
     from tilecomm import _C
 
-    if _recording:
-        raise RuntimeError("tilecomm.host_stages: already recording in this process (blocks do not nest)")
-    _recording = True
-    record = HostStages()
     _C.host_stages_start()
+    record = HostStages()
     try:
         yield record
     finally:
         record.samples = dict(_C.host_stages_stop())
-        _recording = False
