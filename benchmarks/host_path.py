@@ -25,6 +25,13 @@ two_shot_all_reduce_, one operator each. For scale,
 ``event_record`` is torch.cuda.Event.record and ``capture_query`` torch.cuda.is_current_stream_capturing,
 each called from Python (torch's Python around one runtime call; the profiler's table gives the
 runtime calls' own cost).
+
+With --paired A,B[,C...], the rows' host_us are set side by side in a way that machine drift cannot
+move: --rounds rounds, each a loop of -n calls of every named row, in the order A B ... in even rounds
+and reversed in odd ones (a steady drift then adds as much to each row); a round's figure per row is
+the slowest rank's. It prints each row's median over the rounds and, for every row against the first,
+the median and the 10th-90th percentiles of the per-round differences and how many rounds the first
+was faster.
 """
 
 from __future__ import annotations
@@ -54,6 +61,44 @@ def _host_cost(fn, iters, loops=5):
         best = min(best, time.perf_counter() - start)
         torch.cuda.synchronize()
     return best / iters
+
+
+def _loop_time(fn, iters):
+    """The host's time per call of one loop of `iters` back-to-back calls (the GPU drained after it)."""
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    took = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return took / iters
+
+
+def _paired(calls, names, iters, rounds, gloo):
+    """Per round, every named call's loop time (µs per call, the slowest rank's); orders alternate."""
+    for name in names:  # warm-up
+        for _ in range(10):
+            calls[name]()
+    torch.cuda.synchronize()
+    times = torch.zeros(len(names), rounds, dtype=torch.float64)
+    for r in range(rounds):
+        order = range(len(names)) if r % 2 == 0 else reversed(range(len(names)))
+        for i in order:
+            dist.barrier(group=gloo)
+            times[i, r] = _loop_time(calls[names[i]], iters) * 1e6
+    dist.all_reduce(times, op=dist.ReduceOp.MAX, group=gloo)
+    return times
+
+
+def _paired_report(names, times):
+    """Lines: each row's median, and every row against the first (median difference, p10-p90, wins)."""
+    lines = [f"  {n:<14} median host_us={times[i].median().item():7.2f}" for i, n in enumerate(names)]
+    for i in range(1, len(names)):
+        d = times[0] - times[i]
+        lo, hi = torch.quantile(d, torch.tensor([0.1, 0.9], dtype=d.dtype)).tolist()
+        wins = int((d < 0).sum().item())
+        lines.append(f"  {names[0]} - {names[i]}: median {d.median().item():+.2f} µs (p10 {lo:+.2f}, p90 {hi:+.2f}); "
+                     f"{names[0]} faster in {wins} of {d.numel()} rounds")
+    return lines
 
 
 def _rank(rank, world, args):
@@ -97,6 +142,19 @@ def _rank(rank, world, args):
     except ValueError as e:
         if rank == 0:
             print(f"# no fcollect row: {e}")
+    if args.paired:
+        names = args.paired.split(",")
+        unknown = [n for n in names if n not in calls]
+        if unknown:
+            raise SystemExit(f"host_path: --paired names unknown rows {unknown}; rows: {', '.join(calls)}")
+        times = _paired(calls, names, args.iters, args.rounds, gloo)
+        if rank == 0:
+            print(f"# world {world}, {args.bytes} B: {args.rounds} paired rounds of {args.iters} calls per row")
+            print("\n".join(_paired_report(names, times)), flush=True)
+        if args.only_paired:
+            dist.barrier(group=gloo)
+            dist.destroy_process_group()
+            return
     row = {}
     for name, fn in calls.items():
         host = _host_cost(fn, args.iters)
@@ -139,6 +197,9 @@ def main():
     ap.add_argument("--bytes", type=parse_size, default=1024)
     ap.add_argument("-n", "--iters", type=int, default=200)
     ap.add_argument("--rows", type=int, default=25)
+    ap.add_argument("--paired", default="", help="rows to time in interleaved rounds, the first against the others")
+    ap.add_argument("--rounds", type=int, default=40, help="rounds of --paired")
+    ap.add_argument("--only-paired", action="store_true", help="stop after the --paired rounds")
     run_worlds(_rank, ap.parse_args(), "host_path")
 
 
