@@ -73,6 +73,13 @@ def _loop_time(fn, iters):
     return took / iters
 
 
+def _round_order(rows, r):
+    """The rows' order in round r: as named in even rounds, reversed in odd ones (a steady drift adds
+    as much to every row over two rounds)."""
+    order = list(range(rows))
+    return order if r % 2 == 0 else order[::-1]
+
+
 def _paired(calls, names, iters, rounds, gloo):
     """Per round, every named call's loop time (µs per call, the slowest rank's); orders alternate."""
     for name in names:  # warm-up
@@ -81,8 +88,7 @@ def _paired(calls, names, iters, rounds, gloo):
     torch.cuda.synchronize()
     times = torch.zeros(len(names), rounds, dtype=torch.float64)
     for r in range(rounds):
-        order = range(len(names)) if r % 2 == 0 else reversed(range(len(names)))
-        for i in order:
+        for i in _round_order(len(names), r):
             dist.barrier(group=gloo)
             times[i, r] = _loop_time(calls[names[i]], iters) * 1e6
     dist.all_reduce(times, op=dist.ReduceOp.MAX, group=gloo)
