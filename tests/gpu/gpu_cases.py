@@ -1148,6 +1148,50 @@ def ddp_matches_gloo(rank, world, gloo, steps=5):
     finish()
 
 
+def fsdp2_on_cuda(rank, world, gloo, steps=4, reshard_after_forward=True):
+    """FSDP2 (fully_shard) on CUDA through tilecomm trains to the parameters of a one-process,
+    unsharded reference on the CPU. FSDP2 issues its all_gathers and reduce_scatters asynchronously
+    from streams of its own and waits on their Works and events: the stream semantics under a real
+    client."""
+    import copy
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    def batch(step, r):
+        g = torch.Generator().manual_seed(1000 * step + r)
+        return torch.randn(16, 32, generator=g), torch.randn(16, 8, generator=g)
+
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    model = copy.deepcopy(ref).to(dev())
+    mesh = init_device_mesh("cuda", (world,))
+    check(dist.get_backend(mesh.get_group()) == "tilecomm", f"the mesh's group is {dist.get_backend(mesh.get_group())}")
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
+    for step in range(steps):
+        x, y = batch(step, rank)
+        loss = torch.nn.functional.mse_loss(model(x.to(dev())), y.to(dev()))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ref_loss = sum(torch.nn.functional.mse_loss(ref(batch(step, r)[0]), batch(step, r)[1]) for r in range(world))
+        ref_opt.zero_grad()
+        (ref_loss / world).backward()
+        ref_opt.step()
+    for k, (p, q) in enumerate(zip(model.parameters(), ref.parameters())):
+        full = p.full_tensor().detach()
+        check(torch.allclose(full.cpu(), q.detach(), rtol=1e-4, atol=1e-5),
+              f"FSDP2 parameter {k}: max diff {(full.cpu() - q.detach()).abs().max().item()}")
+        identical(gloo, full, f"FSDP2 parameter {k}")
+    torch.cuda.synchronize()
+    finish()
+
+
 # ---------------------------------------------------------------- timings
 
 

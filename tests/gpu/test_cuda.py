@@ -1,6 +1,6 @@
 """CUDA tensors through tilecomm: every op, dtype and ReduceOp, the direct cuda_ipc kernels (simple and
-LL) and the staged path, NCCL's stream contract, CUDA graph capture and replay, DDP against Gloo, and a
-rank that never arrives.
+LL) and the staged path, NCCL's stream contract, CUDA graph capture and replay, DDP against Gloo, FSDP2
+against an unsharded reference, and a rank that never arrives.
 
 Skipped as a whole where there is no GPU (see gpu_harness.skip_without_gpu).
 """
@@ -266,6 +266,12 @@ def test_host_stages(pools, world):
 @pytest.mark.parametrize("world", WORLDS)
 def test_ddp_matches_gloo(pools, world):
     pools.run(world, {}, "ddp_matches_gloo")
+
+
+@pytest.mark.parametrize("reshard", [True, False], ids=["reshard", "no_reshard"])
+@pytest.mark.parametrize("world", WORLDS)
+def test_fsdp2_matches_reference(pools, world, reshard):
+    pools.run(world, {}, "fsdp2_on_cuda", reshard_after_forward=reshard)
 
 
 @pytest.mark.parametrize("world", WORLDS)
