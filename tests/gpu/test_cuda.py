@@ -1,6 +1,6 @@
 """CUDA tensors through tilecomm: every op, dtype and ReduceOp, the direct cuda_ipc kernels (simple and
 LL) and the staged path, NCCL's stream contract, CUDA graph capture and replay, DDP against Gloo, FSDP2
-against an unsharded reference, and a rank that never arrives.
+and tensor parallelism against one-process references, and a rank that never arrives.
 
 Skipped as a whole where there is no GPU (see gpu_harness.skip_without_gpu).
 """
@@ -272,6 +272,11 @@ def test_ddp_matches_gloo(pools, world):
 @pytest.mark.parametrize("world", WORLDS)
 def test_fsdp2_matches_reference(pools, world, reshard):
     pools.run(world, {}, "fsdp2_on_cuda", reshard_after_forward=reshard)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_tensor_parallel(pools, world):
+    pools.run(world, {}, "tensor_parallel_on_cuda")
 
 
 @pytest.mark.parametrize("world", WORLDS)
