@@ -1148,6 +1148,39 @@ def ddp_matches_gloo(rank, world, gloo, steps=5):
     finish()
 
 
+def ddp_fp16_hook_matches_gloo(rank, world, gloo, steps=4):
+    """DDP on CUDA through tilecomm with the fp16 compression hook (float16 all_reduces, their
+    device-aware Futures chained with then()) trains to the parameters of DDP on the CPU through
+    Gloo with the same hook."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+
+    d = dev()
+    a = DDP(model().to(d), device_ids=[d.index], bucket_cap_mb=0.01)  # several buckets
+    b = DDP(model(), process_group=gloo)
+    a.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    b.register_comm_hook(gloo, default_hooks.fp16_compress_hook)
+    oa = torch.optim.SGD(a.parameters(), lr=0.1)
+    ob = torch.optim.SGD(b.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(100 + rank)
+    for _ in range(steps):
+        x, y = torch.randn(16, 32, generator=g), torch.randn(16, 8, generator=g)
+        for m, o, dv in ((a, oa, d), (b, ob, torch.device("cpu"))):
+            o.zero_grad()
+            torch.nn.functional.mse_loss(m(x.to(dv)), y.to(dv)).backward()
+            o.step()
+    for (name, pa), pb in zip(a.module.named_parameters(), b.module.parameters()):
+        check(torch.allclose(pa.detach().cpu(), pb.detach(), rtol=1e-3, atol=5e-4),  # float16 sums, rounded differently
+              f"DDP+fp16 parameter {name}: max diff {(pa.detach().cpu() - pb.detach()).abs().max().item()}")
+        identical(gloo, pa, f"DDP+fp16 parameter {name}")
+    torch.cuda.synchronize()
+    finish()
+
+
 def fsdp2_on_cuda(rank, world, gloo, steps=4, reshard_after_forward=True):
     """FSDP2 (fully_shard) on CUDA through tilecomm trains to the parameters of a one-process,
     unsharded reference on the CPU. FSDP2 issues its all_gathers and reduce_scatters asynchronously

@@ -268,6 +268,11 @@ def test_ddp_matches_gloo(pools, world):
     pools.run(world, {}, "ddp_matches_gloo")
 
 
+@pytest.mark.parametrize("world", WORLDS)
+def test_ddp_fp16_hook_matches_gloo(pools, world):
+    pools.run(world, {}, "ddp_fp16_hook_matches_gloo")
+
+
 @pytest.mark.parametrize("reshard", [True, False], ids=["reshard", "no_reshard"])
 @pytest.mark.parametrize("world", WORLDS)
 def test_fsdp2_matches_reference(pools, world, reshard):
