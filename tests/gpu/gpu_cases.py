@@ -1121,37 +1121,10 @@ def cpu_and_cuda(rank, world, gloo):
 # ---------------------------------------------------------------- DDP
 
 
-def ddp_matches_gloo(rank, world, gloo, steps=5):
-    """DDP on CUDA through tilecomm trains to the same parameters as DDP on CPU through Gloo."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    def model():
-        torch.manual_seed(0)
-        return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
-
-    d = dev()
-    a = DDP(model().to(d), device_ids=[d.index], bucket_cap_mb=0.01)  # several buckets
-    b = DDP(model(), process_group=gloo)
-    oa = torch.optim.SGD(a.parameters(), lr=0.1)
-    ob = torch.optim.SGD(b.parameters(), lr=0.1)
-    g = torch.Generator().manual_seed(100 + rank)
-    for _ in range(steps):
-        x, y = torch.randn(16, 32, generator=g), torch.randn(16, 8, generator=g)
-        for m, o, dv in ((a, oa, d), (b, ob, torch.device("cpu"))):
-            o.zero_grad()
-            torch.nn.functional.mse_loss(m(x.to(dv)), y.to(dv)).backward()
-            o.step()
-    for (name, pa), pb in zip(a.module.named_parameters(), b.module.parameters()):
-        check(torch.allclose(pa.detach().cpu(), pb.detach(), rtol=1e-4, atol=1e-5),
-              f"DDP parameter {name}: max diff {(pa.detach().cpu() - pb.detach()).abs().max().item()}")
-        identical(gloo, pa, f"DDP parameter {name}")
-    finish()
-
-
-def ddp_fp16_hook_matches_gloo(rank, world, gloo, steps=4):
-    """DDP on CUDA through tilecomm with the fp16 compression hook (float16 all_reduces, their
-    device-aware Futures chained with then()) trains to the parameters of DDP on the CPU through
-    Gloo with the same hook."""
+def ddp_matches_gloo(rank, world, gloo, steps=5, fp16_hook=False):
+    """DDP on CUDA through tilecomm trains to the same parameters as DDP on CPU through Gloo; with
+    fp16_hook, both with the fp16 compression hook (float16 all_reduces, their device-aware Futures
+    chained with then())."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -1162,8 +1135,10 @@ def ddp_fp16_hook_matches_gloo(rank, world, gloo, steps=4):
     d = dev()
     a = DDP(model().to(d), device_ids=[d.index], bucket_cap_mb=0.01)  # several buckets
     b = DDP(model(), process_group=gloo)
-    a.register_comm_hook(None, default_hooks.fp16_compress_hook)
-    b.register_comm_hook(gloo, default_hooks.fp16_compress_hook)
+    if fp16_hook:
+        a.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        b.register_comm_hook(gloo, default_hooks.fp16_compress_hook)
+    rtol, atol = (1e-3, 5e-4) if fp16_hook else (1e-4, 1e-5)  # float16 sums, rounded differently
     oa = torch.optim.SGD(a.parameters(), lr=0.1)
     ob = torch.optim.SGD(b.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(100 + rank)
@@ -1174,11 +1149,20 @@ def ddp_fp16_hook_matches_gloo(rank, world, gloo, steps=4):
             torch.nn.functional.mse_loss(m(x.to(dv)), y.to(dv)).backward()
             o.step()
     for (name, pa), pb in zip(a.module.named_parameters(), b.module.parameters()):
-        check(torch.allclose(pa.detach().cpu(), pb.detach(), rtol=1e-3, atol=5e-4),  # float16 sums, rounded differently
-              f"DDP+fp16 parameter {name}: max diff {(pa.detach().cpu() - pb.detach()).abs().max().item()}")
-        identical(gloo, pa, f"DDP+fp16 parameter {name}")
-    torch.cuda.synchronize()
+        check(torch.allclose(pa.detach().cpu(), pb.detach(), rtol=rtol, atol=atol),
+              f"DDP parameter {name}: max diff {(pa.detach().cpu() - pb.detach()).abs().max().item()}")
+        identical(gloo, pa, f"DDP parameter {name}")
     finish()
+
+
+def matches_reference(model, ref, gloo, what):
+    """A sharded model's parameters (DTensors, gathered whole) against a one-process reference's on
+    the CPU, to float tolerance, and bitwise identical across ranks."""
+    for k, (p, q) in enumerate(zip(model.parameters(), ref.parameters())):
+        full = p.full_tensor().detach()
+        check(torch.allclose(full.cpu(), q.detach(), rtol=1e-4, atol=1e-5),
+              f"{what} parameter {k}: max diff {(full.cpu() - q.detach()).abs().max().item()}")
+        identical(gloo, full, f"{what} parameter {k}")
 
 
 def fsdp2_on_cuda(rank, world, gloo, steps=4, reshard_after_forward=True):
@@ -1216,11 +1200,7 @@ def fsdp2_on_cuda(rank, world, gloo, steps=4, reshard_after_forward=True):
         ref_opt.zero_grad()
         (ref_loss / world).backward()
         ref_opt.step()
-    for k, (p, q) in enumerate(zip(model.parameters(), ref.parameters())):
-        full = p.full_tensor().detach()
-        check(torch.allclose(full.cpu(), q.detach(), rtol=1e-4, atol=1e-5),
-              f"FSDP2 parameter {k}: max diff {(full.cpu() - q.detach()).abs().max().item()}")
-        identical(gloo, full, f"FSDP2 parameter {k}")
+    matches_reference(model, ref, gloo, "FSDP2")
     torch.cuda.synchronize()
     finish()
 
@@ -1267,11 +1247,7 @@ def tensor_parallel_on_cuda(rank, world, gloo, steps=3):
             o.zero_grad()
             torch.nn.functional.mse_loss(m(inp.to(dv)), target.to(dv)).backward()
             o.step()
-    for k, (p, q) in enumerate(zip(model.parameters(), ref.parameters())):
-        full = p.full_tensor().detach()
-        check(torch.allclose(full.cpu(), q.detach(), rtol=1e-4, atol=1e-5),
-              f"TP parameter {k}: max diff {(full.cpu() - q.detach()).abs().max().item()}")
-        identical(gloo, full, f"TP parameter {k}")
+    matches_reference(model, ref, gloo, "TP")
     torch.cuda.synchronize()
     finish()
 

@@ -263,14 +263,10 @@ def test_host_stages(pools, world):
     pools.run(world, CONFIGS["auto"], "host_stages")
 
 
+@pytest.mark.parametrize("fp16_hook", [False, True], ids=["plain", "fp16_hook"])
 @pytest.mark.parametrize("world", WORLDS)
-def test_ddp_matches_gloo(pools, world):
-    pools.run(world, {}, "ddp_matches_gloo")
-
-
-@pytest.mark.parametrize("world", WORLDS)
-def test_ddp_fp16_hook_matches_gloo(pools, world):
-    pools.run(world, {}, "ddp_fp16_hook_matches_gloo")
+def test_ddp_matches_gloo(pools, world, fp16_hook):
+    pools.run(world, {}, "ddp_matches_gloo", fp16_hook=fp16_hook)
 
 
 @pytest.mark.parametrize("reshard", [True, False], ids=["reshard", "no_reshard"])
