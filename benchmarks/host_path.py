@@ -97,12 +97,15 @@ def _paired(calls, names, iters, rounds, gloo):
 
 def _paired_report(names, times):
     """Lines: each row's median, and every row against the first (median difference, p10-p90, wins)."""
-    lines = [f"  {n:<14} median host_us={times[i].median().item():7.2f}" for i, n in enumerate(names)]
+    def q(x, *at):
+        return torch.quantile(x, torch.tensor(at, dtype=x.dtype)).tolist()
+
+    lines = [f"  {n:<14} median host_us={q(times[i], 0.5)[0]:7.2f}" for i, n in enumerate(names)]
     for i in range(1, len(names)):
         d = times[0] - times[i]
-        lo, hi = torch.quantile(d, torch.tensor([0.1, 0.9], dtype=d.dtype)).tolist()
+        lo, mid, hi = q(d, 0.1, 0.5, 0.9)
         wins = int((d < 0).sum().item())
-        lines.append(f"  {names[0]} - {names[i]}: median {d.median().item():+.2f} µs (p10 {lo:+.2f}, p90 {hi:+.2f}); "
+        lines.append(f"  {names[0]} - {names[i]}: median {mid:+.2f} µs (p10 {lo:+.2f}, p90 {hi:+.2f}); "
                      f"{names[0]} faster in {wins} of {d.numel()} rounds")
     return lines
 

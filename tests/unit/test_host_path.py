@@ -40,3 +40,6 @@ def test_paired_report():
     # op - add_: +1, +2, 0, +3, +1: median +1; op never faster
     assert "op - add_: median +1.00 µs" in lines[4]
     assert lines[4].endswith("op faster in 0 of 5 rounds")
+    # an even count of rounds: the median is the mean of the two middle values
+    even = host_path._paired_report(["a", "b"], torch.tensor([[1.0, 2.0, 3.0, 4.0], [0.0, 0.0, 0.0, 0.0]]))
+    assert even[0].split()[-1] == "2.50" and "a - b: median +2.50 µs" in even[2]
