@@ -48,21 +48,6 @@ from gpu_compare import _timed, run_worlds, symmetric_memory  # noqa: E402
 from tilecomm.bench import parse_size  # noqa: E402
 
 
-def _host_cost(fn, iters, loops=5):
-    """The host's time per call: the fastest of `loops` loops of `iters` back-to-back calls."""
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(loops):
-        start = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        best = min(best, time.perf_counter() - start)
-        torch.cuda.synchronize()
-    return best / iters
-
-
 def _loop_time(fn, iters):
     """The host's time per call of one loop of `iters` back-to-back calls (the GPU drained after it)."""
     start = time.perf_counter()
@@ -71,6 +56,12 @@ def _loop_time(fn, iters):
     took = time.perf_counter() - start
     torch.cuda.synchronize()
     return took / iters
+
+
+def _host_cost(fn, iters, loops=5):
+    """The host's time per call: the fastest of `loops` loops of `iters` back-to-back calls."""
+    _loop_time(fn, 10)  # warm-up
+    return min(_loop_time(fn, iters) for _ in range(loops))
 
 
 def _round_order(rows, r):
@@ -82,10 +73,8 @@ def _round_order(rows, r):
 
 def _paired(calls, names, iters, rounds, gloo):
     """Per round, every named call's loop time (µs per call, the slowest rank's); orders alternate."""
-    for name in names:  # warm-up
-        for _ in range(10):
-            calls[name]()
-    torch.cuda.synchronize()
+    for name in names:
+        _loop_time(calls[name], 10)  # warm-up
     times = torch.zeros(len(names), rounds, dtype=torch.float64)
     for r in range(rounds):
         for i in _round_order(len(names), r):
