@@ -1221,12 +1221,12 @@ def tensor_parallel_on_cuda(rank, world, gloo, steps=3):
     base = torch.arange(6, dtype=torch.float32)
     check_equal(funcol.all_reduce(x, "sum", group), world * base + sum(range(world)), "funcol all_reduce sum")
     check_equal(funcol.all_reduce(x, "max", group), base + world - 1, "funcol all_reduce max")
-    check_equal(funcol.all_gather_single(x, 0, group), torch.cat([base + r for r in range(world)]),
-                "funcol all_gather_single")
+    check_equal(funcol.all_gather_tensor(x, 0, group), torch.cat([base + r for r in range(world)]),
+                "funcol all_gather_tensor")
     blocks = torch.arange(2 * world, dtype=torch.float32, device=d) * (rank + 1)
-    check_equal(funcol.reduce_scatter_single(blocks, "sum", 0, group),
+    check_equal(funcol.reduce_scatter_tensor(blocks, "sum", 0, group),
                 torch.arange(2 * rank, 2 * rank + 2, dtype=torch.float32) * sum(range(1, world + 1)),
-                "funcol reduce_scatter_single")
+                "funcol reduce_scatter_tensor")
     a2a = funcol.all_to_all_single(torch.arange(world, dtype=torch.float32, device=d) + 10 * rank, None, None, group)
     check_equal(a2a, torch.arange(world, dtype=torch.float32) * 10 + rank, "funcol all_to_all_single")
     coalesced = funcol.all_reduce_coalesced([x, 2 * x], "sum", group)
