@@ -19,20 +19,18 @@ __global__ void __launch_bounds__(kThreads, 2) allreduceOneShotKernel(DirectArgs
   stageVectors(a, stagingOf(a.peers.base[a.rank], a.capacity, c.seq), w, aligned);
   signal(a, 0, c.seq);
   if (waitPeers(a, 0, c.seq)) {
-    // reduce: every rank combines the same p vectors in rank order
-    for (uint64_t v = w.first; v < w.end; v += kUnroll * w.step) {
-      if (sizeof(T) >= 4 && v + w.step >= w.end && (v + 1) * 16 <= a.nbytes) {  // Note [One vector]
-        const uint4 y = reduceOne<T, kOp, 4>([&](int q) { return stagingOf(a.peers.base[q], a.capacity, c.seq); },
-                                          a.world, v);
-        storeUser(a.data, v, a.nbytes, aligned, y);
-        continue;
+    // reduce: every rank combines the same p vectors in rank order, every rank's loads of a
+    // vector in flight together (Note [One vector])
+    const auto src = [&](int q) { return stagingOf(a.peers.base[q], a.capacity, c.seq); };
+    uint64_t v = w.first;
+    if (sizeof(T) >= 4)  // two vectors at a time
+      for (; v + w.step < w.end; v += 2 * w.step) {
+        uint4 y[2];
+        reduceWide<T, kOp, 2, 4>(src, a.world, v, w.step, y);
+        storeUser(a.data, v, a.nbytes, aligned, y[0]);
+        storeUser(a.data, v + w.step, a.nbytes, aligned, y[1]);
       }
-      uint4 x[kUnroll];
-      reduceRanks<T, kOp>(a, c.seq, v, w.step, w.end, x);
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
-        if (v + u * w.step < w.end) storeUser(a.data, v + u * w.step, a.nbytes, aligned, x[u]);
-    }
+    for (; v < w.end; v += w.step) storeUser(a.data, v, a.nbytes, aligned, reduceOne<T, kOp, 4>(src, a.world, v));
   }
   endCall(a, c);
 }

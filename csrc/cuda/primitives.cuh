@@ -719,27 +719,43 @@ __device__ __forceinline__ void reduceFrom(const char* const* src, int world, ui
   for (int u = 0; u < kUnroll; ++u) out[u] = acc[u].get();
 }
 
-/// Note [One vector]: vector v reduced over src(0..world-1) in rank order, with the loads of up to
-/// kWide ranks in flight together. reduceRanks and reduceFrom load one rank (or a pair) at a time
-/// to keep kUnroll vectors a thread in registers, so a thread with a single vector to reduce, which
-/// is every thread of a small call, waited on memory world (or world / 2) times in a row. The
-/// kernels take this path for such a thread where the vector is whole and every source aligned
-/// (loadPeer), and for element types whose widened vectors fit their register budget (8-bit types
-/// spilled).
+/// Note [One vector]: vectors v0 + u * stride (u < kVecs) reduced over src(0..world-1) in rank
+/// order, with the loads of up to kWide ranks (kVecs x kWide vectors) in flight together.
+/// reduceRanks and reduceFrom load one rank (or a pair) at a time to keep kUnroll vectors a
+/// thread in registers, so a thread with a single vector to reduce, which is every thread of a
+/// small call, waited on memory world (or world / 2) times in a row, and one with kUnroll vectors
+/// world times. The sources must be aligned and hold whole vectors (loadPeer): the staging buffers
+/// always do (stageVectors zero-fills a partial last vector). The one_shot kernel reduces every
+/// vector here: two vectors of up to four ranks at once for 32- and 64-bit types, one for 8- and
+/// 16-bit ones, whose widened pairs spilled under two blocks per SM; with reduceRanks, its 8- and
+/// 16-bit instances spilled 48-266 bytes, and now none does. The NVSHMEM two-shot takes it for a
+/// thread's one vector, where every source is aligned and the vector whole.
+template <typename T, RedOp kOp, int kVecs, int kWide, typename Src>
+__device__ __forceinline__ void reduceWide(Src src, int world, uint64_t v0, uint64_t stride, uint4 (&out)[kVecs]) {
+  Vec<T> acc[kVecs];
+  for (int q0 = 0; q0 < world; q0 += kWide) {
+    uint4 x[kVecs][kWide];
+#pragma unroll
+    for (int u = 0; u < kVecs; ++u)
+#pragma unroll
+      for (int i = 0; i < kWide; ++i) x[u][i] = q0 + i < world ? loadPeer(src(q0 + i), v0 + u * stride) : uint4{};
+#pragma unroll
+    for (int u = 0; u < kVecs; ++u)
+#pragma unroll
+      for (int i = 0; i < kWide; ++i) {
+        if (q0 + i == 0) acc[u].set(x[u][i]);
+        else if (q0 + i < world) acc[u].template combine<kOp>(x[u][i]);
+      }
+  }
+#pragma unroll
+  for (int u = 0; u < kVecs; ++u) out[u] = acc[u].get();
+}
+
 template <typename T, RedOp kOp, int kWide, typename Src>
 __device__ __forceinline__ uint4 reduceOne(Src src, int world, uint64_t v) {
-  Vec<T> acc;
-  for (int q0 = 0; q0 < world; q0 += kWide) {
-    uint4 x[kWide];
-#pragma unroll
-    for (int i = 0; i < kWide; ++i) x[i] = q0 + i < world ? loadPeer(src(q0 + i), v) : uint4{};
-#pragma unroll
-    for (int i = 0; i < kWide; ++i) {
-      if (q0 + i == 0) acc.set(x[i]);
-      else if (q0 + i < world) acc.template combine<kOp>(x[i]);
-    }
-  }
-  return acc.get();
+  uint4 y[1];
+  reduceWide<T, kOp, 1, kWide>(src, world, v, 0, y);
+  return y[0];
 }
 
 }  // namespace tilecomm::cuda
