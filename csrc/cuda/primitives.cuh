@@ -326,6 +326,10 @@ __device__ __forceinline__ void llSend(char* slot, uint64_t v, uint4 x, uint32_t
 /// every block of the budget is in use: 4.8 and 5.5 us. Over host_mapped, where every line
 /// crosses PCIe, spreading made LL from 1 KiB slower (16 KiB at 2 ranks: 17.8 us on 2 blocks,
 /// 101 us on 32), so there the blocks stay full (kThreads) and are as few as cover the vectors.
+/// Up to kLLOneBlock vectors over GPU memory, one block of a warp per 32 vectors instead: spread
+/// a warp per block, 1-4 KiB took 0.2-1.1 us longer than on one block (one H100, graph replay;
+/// docs/benchmarks.md, "One LL block up to 4 KiB").
+constexpr uint64_t kLLOneBlock = 256;  // vectors: 4 KiB of data
 struct LLGrid {
   int blocks;
   int threads;
@@ -335,6 +339,7 @@ inline LLGrid llGrid(uint64_t nvec, int budget, PeerMemory memory) {
   const uint64_t most = std::max(budget, 1);
   if (memory == PeerMemory::kHostMapped)
     return {static_cast<int>(std::clamp<uint64_t>((nvec + kThreads - 1) / kThreads, 1, most)), kThreads};
+  if (nvec <= kLLOneBlock) return {1, static_cast<int>(std::max<uint64_t>((nvec + 31) / 32 * 32, 32))};
   const uint64_t blocks = std::clamp<uint64_t>((nvec + 31) / 32, 1, most);
   const uint64_t warps = ((nvec + blocks - 1) / blocks + 31) / 32;
   return {static_cast<int>(blocks), static_cast<int>(std::clamp<uint64_t>(warps * 32, 32, kThreads))};
