@@ -4,7 +4,7 @@
 
 Needs a CUDA build of tilecomm and, with several ranks on one GPU, the MPS
 daemon (see scripts/gpu-test). In one run and with one timing method it times
-float32 sum all_reduce through:
+sum all_reduce (float32; --dtype bfloat16 or float16 for the others) through:
 
 - tilecomm with TILECOMM_CUDA_ALLREDUCE = auto, one_shot, two_shot, registered,
   staged (one group each; the cuda_ipc buffers are sized for the largest
@@ -240,10 +240,11 @@ def _rank(rank, world, args):
     timed = timer(args)
 
     out = open(args.jsonl, "a") if (args.jsonl and rank == 0) else None
+    dtype = getattr(torch, args.dtype)
     for nbytes in grid:
-        n = nbytes // 4
+        n = nbytes // dtype.itemsize
         row, host = {}, {}
-        x = torch.zeros(n, device=dev)  # sums stay finite however often they run
+        x = torch.zeros(n, device=dev, dtype=dtype)  # sums stay finite however often they run
         # the staging fallback takes 0.1-0.3 s per call from 64 MiB: timed up to 16 MiB only
         runs = [(name, g, x) for name, g in groups.items() if name != "tilecomm:staged" or nbytes <= (16 << 20)]
         if args.timing == "graph":
@@ -266,7 +267,7 @@ def _rank(rank, world, args):
                 row[name] = f"failed: {str(e).splitlines()[0][:60]}"
         if symm is not None:
             try:
-                buf = symm.empty(n, dtype=torch.float32, device=dev)
+                buf = symm.empty(n, dtype=dtype, device=dev)
                 buf.zero_()
                 symm.rendezvous(buf, gloo.group_name)
                 row["symm_mem:one_shot"] = timed(
@@ -287,7 +288,7 @@ def _rank(rank, world, args):
         rate = copy_rate(nbytes, world, dev, args.iters, barrier, lambda: dist.all_reduce(tiny, group=groups["tilecomm:auto"]), gloo)
         # 2 x world x bytes of HBM traffic: the least an all_reduce can move (each input read once,
         # each output written once).
-        emit(out, rank, dict(world=world, bytes=nbytes, timing=args.timing, copy_gbs=rate / 1e9,
+        emit(out, rank, dict(world=world, bytes=nbytes, dtype=args.dtype, timing=args.timing, copy_gbs=rate / 1e9,
                              bound_us=2 * world * nbytes / rate * 1e6, host_us=micro(host)), row)
     if out:
         out.close()
@@ -298,7 +299,12 @@ def _rank(rank, world, args):
 def main():
     ap = parser(__doc__)
     ap.add_argument("--nvshmem", action="store_true", help="also the NVSHMEM two-shot all_reduce")
-    run_worlds(_rank, ap.parse_args(), "gpu_compare")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                    help="the all_reduce's element type (default float32)")
+    args = ap.parse_args()
+    if args.nvshmem and args.dtype != "float32":
+        ap.error("--nvshmem times NVSHMEM's float32 reduction; it takes --dtype float32 only")
+    run_worlds(_rank, args, "gpu_compare")
 
 
 if __name__ == "__main__":
