@@ -326,7 +326,7 @@ __device__ __forceinline__ void llSend(char* slot, uint64_t v, uint4 x, uint32_t
 /// every block of the budget is in use: 4.8 and 5.5 us. Over host_mapped, where every line
 /// crosses PCIe, spreading made LL from 1 KiB slower (16 KiB at 2 ranks: 17.8 us on 2 blocks,
 /// 101 us on 32), so there the blocks stay full (kThreads) and are as few as cover the vectors.
-/// Up to kLLOneBlock vectors over GPU memory, one block of a warp per 32 vectors instead: spread
+/// Up to kLLOneBlock vectors over GPU memory, one block with a warp per 32 vectors instead: spread
 /// a warp per block, 1-4 KiB took 0.2-1.1 us longer than on one block (one H100, graph replay;
 /// docs/benchmarks.md, "One LL block up to 4 KiB").
 constexpr uint64_t kLLOneBlock = 256;  // vectors: 4 KiB of data
