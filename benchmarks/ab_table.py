@@ -43,9 +43,8 @@ def rows(records: list[dict], keys: list[str]) -> list[dict]:
                 continue
             a = [x for (b, _), x in v.items() if b == "A"]
             b = [x for (b, _), x in v.items() if b == "B"]
-            rounds = sorted({r for _, r in v})
             diffs = []
-            for first in range(1, max(rounds) + 1, 2):  # rounds first and first + 1
+            for first in range(1, max(r for _, r in v) + 1, 2):  # rounds first and first + 1
                 pa = v.get(("A", first), v.get(("A", first + 1)))
                 pb = v.get(("B", first), v.get(("B", first + 1)))
                 if pa is not None and pb is not None:

@@ -339,8 +339,7 @@ inline LLGrid llGrid(uint64_t nvec, int budget, PeerMemory memory) {
   const uint64_t most = std::max(budget, 1);
   if (memory == PeerMemory::kHostMapped)
     return {static_cast<int>(std::clamp<uint64_t>((nvec + kThreads - 1) / kThreads, 1, most)), kThreads};
-  if (nvec <= kLLOneBlock) return {1, static_cast<int>(std::max<uint64_t>((nvec + 31) / 32 * 32, 32))};
-  const uint64_t blocks = std::clamp<uint64_t>((nvec + 31) / 32, 1, most);
+  const uint64_t blocks = nvec <= kLLOneBlock ? 1 : std::clamp<uint64_t>((nvec + 31) / 32, 1, most);
   const uint64_t warps = ((nvec + blocks - 1) / blocks + 31) / 32;
   return {static_cast<int>(blocks), static_cast<int>(std::clamp<uint64_t>(warps * 32, 32, kThreads))};
 }
