@@ -22,15 +22,7 @@ __global__ void __launch_bounds__(kThreads, 2) allreduceOneShotKernel(DirectArgs
     // reduce: every rank combines the same p vectors in rank order, every rank's loads of a
     // vector in flight together (Note [One vector])
     const auto src = [&](int q) { return stagingOf(a.peers.base[q], a.capacity, c.seq); };
-    uint64_t v = w.first;
-    if (sizeof(T) >= 4)  // two vectors at a time
-      for (; v + w.step < w.end; v += 2 * w.step) {
-        uint4 y[2];
-        reduceWide<T, kOp, 2, 4>(src, a.world, v, w.step, y);
-        storeUser(a.data, v, a.nbytes, aligned, y[0]);
-        storeUser(a.data, v + w.step, a.nbytes, aligned, y[1]);
-      }
-    for (; v < w.end; v += w.step) storeUser(a.data, v, a.nbytes, aligned, reduceOne<T, kOp, 4>(src, a.world, v));
+    reduceWalk<T, kOp>(src, a.world, w, [&](uint64_t v, const uint4& x) { storeUser(a.data, v, a.nbytes, aligned, x); });
   }
   endCall(a, c);
 }

@@ -24,17 +24,12 @@ __global__ void __launch_bounds__(kThreads, 2) allreduceTwoShotKernel(DirectArgs
   stageVectors(a, mine, w, aligned);
   signal(a, 0, c.seq);
   if (!waitPeers(a, 0, c.seq)) return endCall(a, c);
-  const Walk own = part(a.rank);
-  for (uint64_t v = own.first; v < own.end; v += kUnroll * own.step) {
-    uint4 x[kUnroll];
-    reduceRanks<T, kOp>(a, c.seq, v, own.step, own.end, x);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (v + u * own.step >= own.end) continue;
-      storeStaging(mine, v + u * own.step, x[u]);  // NOTE: only this rank reads its own part in round 1
-      storeUser(a.data, v + u * own.step, a.nbytes, aligned, x[u]);
-    }
-  }
+  // every rank's loads of a vector in flight together (Note [One vector])
+  const auto src = [&](int q) { return stagingOf(a.peers.base[q], a.capacity, c.seq); };
+  reduceWalk<T, kOp>(src, a.world, part(a.rank), [&](uint64_t v, const uint4& x) {
+    storeStaging(mine, v, x);  // NOTE: only this rank reads its own part in round 1
+    storeUser(a.data, v, a.nbytes, aligned, x);
+  });
   // round 2: announce the reduced part; copy part q from rank q
   signal(a, 1, c.seq);
   if (!waitPeers(a, 1, c.seq)) return endCall(a, c);
