@@ -713,7 +713,7 @@ __device__ __forceinline__ void reduceFrom(const char* const* src, int world, ui
 /// (reduceWalk): two vectors of up to four ranks at once for 32- and 64-bit types, one for 8- and
 /// 16-bit ones, whose widened pairs spilled under two blocks per SM (at two ranks, two 16-bit
 /// vectors: as many loads in flight as four ranks' one). One rank at a time, the one_shot's 8- and
-/// 16-bit instances spilled 48-266 bytes and the two_shot's 8-266 (8-, 16-, 32- and 64-bit), and
+/// 16-bit instances spilled 48-266 bytes and the two_shot's 8-294 (8-, 16-, 32- and 64-bit), and
 /// now none does. The NVSHMEM two-shot takes it for a thread's one vector, where every source
 /// is aligned and the vector whole.
 template <typename T, RedOp kOp, int kVecs, int kWide, typename Src>
