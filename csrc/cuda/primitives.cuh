@@ -707,9 +707,8 @@ __device__ __forceinline__ void reduceFrom(const char* const* src, int world, ui
 /// reduceFrom loads a pair of ranks at a time to keep kUnroll vectors a thread in registers, and
 /// the simple kernels reduced the staging buffers one rank at a time, so a thread waited on
 /// memory world / 2 (or world) times in a row, even with a single vector to reduce, which is
-/// every thread of a small call. The sources must be
-/// aligned and hold whole vectors (loadPeer): the staging buffers always do (stageVectors
-/// zero-fills a partial last vector). The simple one_shot and two_shot reduce every vector here
+/// every thread of a small call. The sources must be aligned and hold whole vectors (loadPeer):
+/// the staging buffers always do (stageVectors zero-fills a partial last vector). The simple one_shot and two_shot reduce every vector here
 /// (reduceWalk): two vectors of up to four ranks at once for 32- and 64-bit types, one for 8- and
 /// 16-bit ones, whose widened pairs spilled under two blocks per SM (at two ranks, two 16-bit
 /// vectors: as many loads in flight as four ranks' one). One rank at a time, the one_shot's 8- and
