@@ -705,16 +705,16 @@ __device__ __forceinline__ void reduceFrom(const char* const* src, int world, ui
 /// Note [One vector]: vectors v0 + u * stride (u < kVecs) reduced over src(0..world-1) in rank
 /// order, with the loads of up to kWide ranks (kVecs x kWide vectors) in flight together.
 /// reduceFrom loads a pair of ranks at a time to keep kUnroll vectors a thread in registers, and
-/// the simple kernels reduced the staging buffers one rank at a time, so a thread waited on
-/// memory world / 2 (or world) times in a row, even with a single vector to reduce, which is
-/// every thread of a small call. The sources must be aligned and hold whole vectors (loadPeer):
-/// the staging buffers always do (stageVectors zero-fills a partial last vector). The simple one_shot and two_shot reduce every vector here
-/// (reduceWalk): two vectors of up to four ranks at once for 32- and 64-bit types, one for 8- and
-/// 16-bit ones, whose widened pairs spilled under two blocks per SM (at two ranks, two 16-bit
-/// vectors: as many loads in flight as four ranks' one). One rank at a time, the one_shot's 8- and
-/// 16-bit instances spilled 48-266 bytes and the two_shot's 8-294 (8-, 16-, 32- and 64-bit), and
-/// now none does. The NVSHMEM two-shot takes it for a thread's one vector, where every source
-/// is aligned and the vector whole.
+/// the simple kernels reduced the staging buffers one rank at a time, so a thread waited on memory
+/// world / 2 (or world) times in a row, even with a single vector to reduce, which is every thread
+/// of a small call. The sources must be aligned and hold whole vectors (loadPeer): the staging
+/// buffers always do (stageVectors zero-fills a partial last vector). The simple one_shot and
+/// two_shot reduce every vector here (reduceWalk): two vectors of up to four ranks at once for 32-
+/// and 64-bit types, one for 8- and 16-bit ones, whose widened pairs spilled under two blocks per
+/// SM (at two ranks, two 16-bit vectors: as many loads in flight as four ranks' one). One rank at a
+/// time, the one_shot's 8- and 16-bit instances spilled 48-266 bytes and the two_shot's 8-294 (8-,
+/// 16-, 32- and 64-bit), and now none does. The NVSHMEM two-shot takes it for a thread's one
+/// vector, where every source is aligned and the vector whole.
 template <typename T, RedOp kOp, int kVecs, int kWide, typename Src>
 __device__ __forceinline__ void reduceWide(Src src, int world, uint64_t v0, uint64_t stride, uint4 (&out)[kVecs]) {
   Vec<T> acc[kVecs];
@@ -744,22 +744,18 @@ __device__ __forceinline__ uint4 reduceOne(Src src, int world, uint64_t v) {
 }
 
 /// Every vector of walk w reduced over src(0..world-1) as reduceWide does, each handed to
-/// put(v, x): two vectors at a time for 32- and 64-bit types, one for 8- and 16-bit ones (whose
-/// widened pairs of four ranks spill under two blocks per SM), two for 16-bit ones at two ranks
-/// (Note [One vector]).
+/// put(v, x), two vectors at a time where their loads fit in registers (Note [One vector]).
 template <typename T, RedOp kOp, typename Src, typename Put>
 __device__ __forceinline__ void reduceWalk(Src src, int world, const Walk& w, Put put) {
+  constexpr int kWide = sizeof(T) >= 4 ? 4 : 2;  // ranks whose loads fly together
   uint64_t v = w.first;
-  const auto pairs = [&](auto wide) {
+  if (sizeof(T) >= 4 || (sizeof(T) == 2 && world <= 2))
     for (; v + w.step < w.end; v += 2 * w.step) {
       uint4 y[2];
-      reduceWide<T, kOp, 2, decltype(wide)::value>(src, world, v, w.step, y);
+      reduceWide<T, kOp, 2, kWide>(src, world, v, w.step, y);
       put(v, y[0]);
       put(v + w.step, y[1]);
     }
-  };
-  if (sizeof(T) >= 4) pairs(std::integral_constant<int, 4>{});
-  else if (sizeof(T) == 2 && world <= 2) pairs(std::integral_constant<int, 2>{});
   for (; v < w.end; v += w.step) put(v, reduceOne<T, kOp, 4>(src, world, v));
 }
 
