@@ -194,6 +194,19 @@ def run_worlds(rank_fn, args, name):
         launch.run(rank_fn, w, args)
 
 
+def path_groups(paths):
+    """{"tilecomm:PATH": a tilecomm group whose all_reduce takes TILECOMM_CUDA_ALLREDUCE=PATH} (the forced
+    paths with TILECOMM_PROTO=simple, so no LL; auto with TILECOMM_PROTO=auto). Every rank calls it."""
+    groups = {}
+    for path in paths:
+        os.environ["TILECOMM_CUDA_ALLREDUCE"] = path  # rank 0's value is read at group creation
+        os.environ["TILECOMM_PROTO"] = "auto" if path == "auto" else "simple"  # forced paths: no LL
+        groups[f"tilecomm:{path}"] = dist.new_group(backend="tilecomm")
+    os.environ.pop("TILECOMM_CUDA_ALLREDUCE")
+    os.environ.pop("TILECOMM_PROTO")
+    return groups
+
+
 def symmetric_memory(gloo, rank):
     """PyTorch's SymmetricMemory module set up for `gloo`'s ranks, or None (said once) where it is unavailable."""
     try:
@@ -221,13 +234,7 @@ def _rank(rank, world, args):
     os.environ["TILECOMM_CUDA_IPC_BYTES"] = str(max(grid))
     dist.init_process_group("tilecomm", rank=rank, world_size=world)
     gloo = dist.new_group(backend="gloo")
-    groups = {}
-    for path in PATHS + (["nvshmem_two_shot"] if args.nvshmem else []):
-        os.environ["TILECOMM_CUDA_ALLREDUCE"] = path  # rank 0's value is read at group creation
-        os.environ["TILECOMM_PROTO"] = "auto" if path == "auto" else "simple"  # forced paths: no LL
-        groups[f"tilecomm:{path}"] = dist.new_group(backend="tilecomm")
-    os.environ.pop("TILECOMM_CUDA_ALLREDUCE")
-    os.environ.pop("TILECOMM_PROTO")
+    groups = path_groups(PATHS + (["nvshmem_two_shot"] if args.nvshmem else []))
 
     symm = symmetric_memory(gloo, rank)
     nvs = groups.get("tilecomm:nvshmem_two_shot")

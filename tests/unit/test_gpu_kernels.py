@@ -1,0 +1,41 @@
+"""benchmarks/gpu_kernels.py: a graph replay's GPU activities summarized per call."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import gpu_kernels  # noqa: E402
+
+KERNEL = "void tilecomm::cuda::allreduceOneShotKernel<float, (tilecomm::RedOp)0>(tilecomm::cuda::DirectArgs)"
+
+
+def _replay(iters, period=10.0, first_wait=50.0):
+    """Two activities a call (a memset of 1 µs, then a kernel of 6 µs), one call every `period` µs
+    after the first, whose kernel also waits `first_wait` µs for late peers; listed out of order."""
+    acts, t = [], 0.0
+    for i in range(iters):
+        kernel = 6.0 + (first_wait if i == 0 else 0.0)
+        acts.append(("Memset (Device)", t, t + 1.0))
+        acts.append((KERNEL, t + 1.5, t + 1.5 + kernel))
+        t += period + (first_wait if i == 0 else 0.0)
+    return acts[::-1]
+
+
+def test_medians_per_call():
+    s = gpu_kernels.summarize(_replay(9), 9)
+    assert s["acts"] == 2
+    assert s["names"] == ["Memset (Device)", "allreduceOneShotKernel"]
+    assert s["cycle_us"] == 10.0  # the first call's wait moves one cycle of eight, not the median
+    assert s["busy_us"] == 7.0
+    assert s["gap_us"] == 3.0
+
+
+def test_counts_that_do_not_divide_are_refused():
+    acts = _replay(4)
+    assert gpu_kernels.summarize(acts[1:], 4) is None
+    assert gpu_kernels.summarize([], 4) is None
+
+
+def test_one_call_has_no_cycle():
+    s = gpu_kernels.summarize(_replay(1), 1)
+    assert s["busy_us"] == 7.0 + 50.0 and s["cycle_us"] != s["cycle_us"]  # NaN
