@@ -14,7 +14,8 @@ memsets) it gives, per entry:
   costs in a graph (gpu_compare.py --timing graph times about the same);
 - ``busy_us``: the median time a call's activities run (the sum of their durations);
 - ``gap_us``: cycle less busy, the time between calls when nothing of the entry runs on rank 0's
-  side (the graph's launch of the next node, and the kernel's start and end).
+  side (the graph's launch of the next node, and the kernel's start and end);
+- ``other``: activities of the replay that do not come once a call (left out of the above).
 
 The first call of a replay waits for the ranks' skew after the barrier, so medians, not means. The
 kernels of a rank include its waits for the peers, so a kernel's time is its own work plus the
@@ -28,6 +29,7 @@ import json
 import os
 import statistics
 import sys
+from collections import Counter
 
 import torch
 import torch.distributed as dist
@@ -48,17 +50,25 @@ def _short(name: str) -> str:
 
 
 def summarize(acts: list[tuple[str, float, float]], iters: int) -> dict | None:
-    """{acts, names, cycle_us, busy_us, gap_us} from one replay's activities (name, start, end; µs) of
-    `iters` calls, or None where their count is not a multiple of iters."""
-    if not acts or len(acts) % iters:
+    """{acts, names, cycle_us, busy_us, gap_us, other} from one replay's activities (name, start, end;
+    µs) of `iters` calls, or None where those that repeat every call do not split into iters calls.
+    Activities whose name does not come a multiple of iters times are left out and named in `other`
+    (work of the replay itself, such as the kernels with which torch's CUDAGraph.replay may first
+    set its generators' state)."""
+    counts = Counter(n for n, _, _ in acts)
+    other = sorted(_short(n) for n, c in counts.items() if c % iters)
+    acts = sorted((a for a in acts if counts[a[0]] % iters == 0), key=lambda a: a[1])
+    if not acts:
         return None
-    acts = sorted(acts, key=lambda a: a[1])
     k = len(acts) // iters
     calls = [acts[i * k:(i + 1) * k] for i in range(iters)]
+    if any([n for n, _, _ in call] != [n for n, _, _ in calls[0]] for call in calls):
+        return None  # the calls' activities interleave: no split into calls
     cycle = [b[0][1] - a[0][1] for a, b in zip(calls, calls[1:])]
     busy = [sum(e - s for _, s, e in c) for c in calls]
     c, b = statistics.median(cycle) if cycle else float("nan"), statistics.median(busy)
-    return dict(acts=k, names=[_short(n) for n, _, _ in calls[0]], cycle_us=c, busy_us=b, gap_us=c - b)
+    return dict(acts=k, names=[_short(n) for n, _, _ in calls[0]], cycle_us=c, busy_us=b, gap_us=c - b,
+                other=other)
 
 
 def _profiled_replay(fn, iters, barrier, rank):
@@ -130,7 +140,8 @@ def _rank(rank, world, args):
                 print(f"world={world} bytes={nbytes} {name}: {len(acts)} activities for {args.iters} calls", flush=True)
                 continue
             print(f"world={world} bytes={nbytes} {name}: cycle={s['cycle_us']:.2f}us busy={s['busy_us']:.2f}us "
-                  f"gap={s['gap_us']:.2f}us acts={s['acts']} ({', '.join(s['names'])})", flush=True)
+                  f"gap={s['gap_us']:.2f}us acts={s['acts']} ({', '.join(s['names'])})"
+                  + (f" other: {', '.join(s['other'])}" if s["other"] else ""), flush=True)
             if out:
                 out.write(json.dumps(dict(world=world, bytes=nbytes, dtype=args.dtype, entry=name, **s)) + "\n")
                 out.flush()

@@ -28,11 +28,22 @@ def test_medians_per_call():
     assert s["cycle_us"] == 10.0  # the first call's wait moves one cycle of eight, not the median
     assert s["busy_us"] == 7.0
     assert s["gap_us"] == 3.0
+    assert s["other"] == []
 
 
-def test_counts_that_do_not_divide_are_refused():
-    acts = _replay(4)
-    assert gpu_kernels.summarize(acts[1:], 4) is None
+def test_work_of_the_replay_itself_is_left_out():
+    fill = "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<long>>(int)"
+    acts = _replay(4) + [(fill, -9.0, -8.5), (fill, -8.0, -7.5)]  # twice before the calls, not once a call
+    s = gpu_kernels.summarize(acts, 4)
+    assert s["acts"] == 2 and s["other"] == ["vectorized_elementwise_kernel"]
+    assert s["busy_us"] == 7.0 and s["cycle_us"] == 10.0
+
+
+def test_calls_that_do_not_split_are_refused():
+    acts = sorted(_replay(4), key=lambda a: a[1])
+    name, start, end = acts[3]  # call 2's kernel moved before its memset
+    acts[3] = (name, acts[2][1] - 0.5, acts[2][1] - 0.1)
+    assert gpu_kernels.summarize(acts, 4) is None
     assert gpu_kernels.summarize([], 4) is None
 
 
