@@ -186,6 +186,12 @@ def parser(doc):
     return ap
 
 
+def add_dtype(ap):
+    """--dtype: the all_reduce's element type."""
+    ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                    help="the all_reduce's element type (default float32)")
+
+
 def run_worlds(rank_fn, args, name):
     """rank_fn(rank, world, args) on `world` local ranks, for every world of args.worlds."""
     if not torch.cuda.is_available():
@@ -306,8 +312,7 @@ def _rank(rank, world, args):
 def main():
     ap = parser(__doc__)
     ap.add_argument("--nvshmem", action="store_true", help="also the NVSHMEM two-shot all_reduce")
-    ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
-                    help="the all_reduce's element type (default float32)")
+    add_dtype(ap)
     args = ap.parse_args()
     if args.nvshmem and args.dtype != "float32":
         ap.error("--nvshmem times NVSHMEM's float32 reduction; it takes --dtype float32 only")

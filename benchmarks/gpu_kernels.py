@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_compare import parser, path_groups, run_worlds, symmetric_memory  # noqa: E402
+from gpu_compare import add_dtype, parser, path_groups, run_worlds, symmetric_memory  # noqa: E402
 from tilecomm.bench import sizes  # noqa: E402
 
 PATHS = ["auto", "one_shot", "two_shot", "registered"]
@@ -154,7 +154,7 @@ def _rank(rank, world, args):
 
 def main():
     ap = parser(__doc__)
-    ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    add_dtype(ap)
     args = ap.parse_args()
     run_worlds(_rank, args, "gpu_kernels")
 
