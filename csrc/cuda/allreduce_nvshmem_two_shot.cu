@@ -33,6 +33,12 @@ __device__ __forceinline__ Walk partWalk(const BlockArgs& a, int j, const Walk& 
 
 }  // namespace
 
+// Note [Registered parts]: over registered tensors whose parts `rank` are all aligned and whole
+// (a multiple of 16 bytes), the part is reduced and stored straight through the mapped tensors,
+// with the one_shot's loop (reduceWalk). The general loop keeps every rank's source and
+// destination in arrays indexed at run time, which live in local memory (a 256-byte stack frame
+// in every instance of this kernel), and picks its loads per vector; the registered kernel took
+// 1.7-2.5 us longer than SymmetricMemory's two_shot at 2 ranks (docs/benchmarks.md).
 template <typename T, RedOp kOp>
 __global__ void __launch_bounds__(kThreads) allreduceNvshmemTwoShotKernel(BlockArgs a) {
   const Call c = beginCall(a);
@@ -50,23 +56,33 @@ __global__ void __launch_bounds__(kThreads) allreduceNvshmemTwoShotKernel(BlockA
     // reduce: part `rank` of every rank in rank order, then store it into every rank's copy
     const uint64_t len = partBytes(a, a.rank);
     const Walk own = partWalk(a, a.rank, w);
+    const uint64_t at = a.rank * a.stride;
+    bool whole = registered && sizeof(T) >= 2 && len % 16 == 0;  // Note [Registered parts]
+    for (int q = 0; q < a.world; ++q) whole = whole && isAligned(a.tensor[q] + at);
+    if (whole) {
+      const auto copy = [&](int q) { return a.tensor[q] + at; };
+      reduceWalk<T, kOp>(copy, a.world, own, [&](uint64_t v, const uint4& x) {
+        for (int i = 0, q = a.rank; i < a.world; ++i, q = q + 1 == a.world ? 0 : q + 1)  // staggered
+          *reinterpret_cast<uint4*>(copy(q) + v * 16) = x;
+      });
+    }
     const char* src[kMaxRanks];
     char* dst[kMaxRanks];
-    for (int q = 0; q < a.world; ++q) {
+    for (int q = 0; !whole && q < a.world; ++q) {
       dst[q] = registered ? a.tensor[q] + a.rank * a.stride
                : q == a.rank ? a.out[0] + a.rank * a.stride
                              : const_cast<char*>(sourceBlock(a, q, c.seq, a.rank));
       src[q] = q == a.rank ? a.in[0] + a.rank * a.stride : dst[q];
     }
     bool wide = sizeof(T) >= 2;  // Note [One vector]: all peers' loads at once, where aligned
-    for (int q = 0; q < a.world; ++q) wide = wide && isAligned(src[q]);
-    for (uint64_t v = own.first; v < own.end; v += kUnroll * own.step) {
+    for (int q = 0; !whole && q < a.world; ++q) wide = wide && isAligned(src[q]);
+    for (uint64_t v = own.first; !whole && v < own.end; v += kUnroll * own.step) {
       uint4 x[kUnroll];
       if (wide && v + own.step >= own.end && (v + 1) * 16 <= len)
         x[0] = reduceOne<T, kOp, 8>([&](int q) { return src[q]; }, a.world, v);
       else reduceFrom<T, kOp>(src, a.world, len, v, own.step, own.end, x);
-      for (int i = 0; i < a.world; ++i) {
-        const int q = (a.rank + i) % a.world;  // staggered: peers are not all written at once
+      for (int i = 0, q = a.rank; i < a.world; ++i, q = q + 1 == a.world ? 0 : q + 1) {  // staggered:
+        // peers are not all written at once
         char* const to = dst[q];  // in a register: a store through it could alias the array
         const bool aligned = isAligned(to);
 #pragma unroll
