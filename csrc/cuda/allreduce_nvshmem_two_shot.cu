@@ -34,11 +34,13 @@ __device__ __forceinline__ Walk partWalk(const BlockArgs& a, int j, const Walk& 
 }  // namespace
 
 // Note [Registered parts]: over registered tensors whose parts `rank` are all aligned and whole
-// (a multiple of 16 bytes), the part is reduced and stored straight through the mapped tensors,
-// with the one_shot's loop (reduceWalk). The general loop keeps every rank's source and
-// destination in arrays indexed at run time, which live in local memory (a 256-byte stack frame
-// in every instance of this kernel), and picks its loads per vector; the registered kernel took
-// 1.7-2.5 us longer than SymmetricMemory's two_shot at 2 ranks (docs/benchmarks.md).
+// (a multiple of 16 bytes), a 16-, 32- or 64-bit part is reduced and stored straight through the
+// mapped tensors, with the one_shot's loop (reduceWalk). The general loop keeps every rank's
+// source and destination in arrays indexed at run time, which live in local memory (a 256-byte
+// stack frame), and picks its loads per vector. 8-bit types keep the general loop: reduceWalk's
+// loads spilled 34-60 bytes in their instances. Whether the arrays cost time is what this is
+// for: the registered kernel took 1.7-2.3 us longer than SymmetricMemory's two_shot at 2 ranks
+// (medians; docs/benchmarks.md), for reasons not yet known.
 template <typename T, RedOp kOp>
 __global__ void __launch_bounds__(kThreads) allreduceNvshmemTwoShotKernel(BlockArgs a) {
   const Call c = beginCall(a);
