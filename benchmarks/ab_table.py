@@ -2,13 +2,15 @@
 
     python benchmarks/ab_table.py ab.jsonl --keys tilecomm:registered,symm_mem:two_shot
     python benchmarks/ab_table.py ab.jsonl --keys all_reduce:ll:graph --script gpu_latency.py
+    python benchmarks/ab_table.py ab.jsonl --keys tilecomm:registered:busy_us --script gpu_kernels.py
 
 gpu-ab runs its rounds in the order A B B A A B ..., so rounds 1-2, 3-4, ... each hold one round of
 either build, adjacent in time. For every point (world, bytes, and dtype where the records carry one)
 and every entry in --keys, the table gives A's and B's medians over their rounds, "B - A" the median
 of the pairs' differences, and "pairs" how many pairs had B below A. Entries the builds share
 unchanged show the noise of a pair. Records of other scripts or batches are left out with --script
-and --batch; a round missing from one build leaves its pair out.
+and --batch; a round missing from one build leaves its pair out. gpu_kernels.py writes a record per
+entry ({"entry": ..., "cycle_us": ..., ...}); its keys are ENTRY:FIELD (tilecomm:registered:busy_us).
 """
 
 from __future__ import annotations
@@ -26,14 +28,20 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
+def _numbers(r: dict) -> dict:
+    """A record's values by key: those of a record of one entry (gpu_kernels.py) as ENTRY:FIELD."""
+    return {f"{r['entry']}:{k}": v for k, v in r.items()} if "entry" in r else r
+
+
 def rows(records: list[dict], keys: list[str]) -> list[dict]:
     """One row per point and key: {world, bytes, dtype, key, a, b, diff, below, pairs}; points in
     ascending (world, dtype, bytes), keys in the order given; a key no record of the point has is left out."""
     values = defaultdict(dict)  # (world, dtype, bytes, key) -> {(build, round): value}
     for r in records:
+        numbers = _numbers(r)
         for k in keys:
-            if isinstance(r.get(k), (int, float)):
-                values[(r["world"], r.get("dtype", ""), r["bytes"], k)][(r["build"], r["round"])] = float(r[k])
+            if isinstance(numbers.get(k), (int, float)):
+                values[(r["world"], r.get("dtype", ""), r["bytes"], k)][(r["build"], r["round"])] = float(numbers[k])
     out = []
     points = sorted({p[:3] for p in values})
     for world, dtype, nbytes in points:

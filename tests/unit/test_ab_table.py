@@ -43,6 +43,14 @@ def test_failed_entries_are_not_numbers():
     assert row["pairs"] == 3
 
 
+def test_records_of_one_entry_take_entry_colon_field():
+    recs = _records([5, 5, 5, 5], [4, 4, 4, 4], key="busy_us", entry="tilecomm:registered", acts=1)
+    recs += _records([6, 6, 6, 6], [6, 6, 6, 6], key="busy_us", entry="symm_mem:two_shot", acts=1)
+    reg, symm = ab_table.rows(recs, ["tilecomm:registered:busy_us", "symm_mem:two_shot:busy_us", "busy_us"])
+    assert (reg["key"], reg["a"], reg["b"], reg["below"]) == ("tilecomm:registered:busy_us", 5, 4, 4)
+    assert (symm["key"], symm["diff"], symm["below"]) == ("symm_mem:two_shot:busy_us", 0, 0)
+
+
 def test_markdown_and_command_line(tmp_path, capsys):
     f = tmp_path / "ab.jsonl"
     recs = _records([3, 3, 3, 3], [2, 2, 2, 2], key="tilecomm:auto", nbytes=1 << 20, script="gpu_compare.py")
