@@ -56,7 +56,7 @@ uint64_t allGatherDirectLL(PeerTransport& t, const void* in, void* const* out, u
   for (int q = 0; q < t.world(); ++q) a.out[q] = static_cast<char*>(out[q]);
   a.nbytes = nbytes;
   const uint64_t nvec = (nbytes + 15) / 16;
-  const LLGrid g = llGrid(nvec, t.blockBudget(), t.memory());
+  const LLGrid g = llGrid(nvec, t.world(), t.blockBudget(), t.memory());
   allgatherDirectLLKernel<<<g.blocks, g.threads, 0, stream>>>(a);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess)

@@ -38,9 +38,9 @@ __device__ __forceinline__ Walk partWalk(const BlockArgs& a, int j, const Walk& 
 // mapped tensors, with the one_shot's loop (reduceWalk). The general loop keeps every rank's
 // source and destination in arrays indexed at run time, which live in local memory (a 256-byte
 // stack frame), and picks its loads per vector. 8-bit types keep the general loop: reduceWalk's
-// loads spilled 34-60 bytes in their instances. Whether the arrays cost time is what this is
-// for: the registered kernel took 1.7-2.3 us longer than SymmetricMemory's two_shot at 2 ranks
-// (medians; docs/benchmarks.md), for reasons not yet known.
+// loads spilled 34-60 bytes in their instances. With this path the kernel's own time fell by
+// 0.7-1.5 us at 2 and 4 ranks, 64 KiB-1 MiB of float32 (every pair of rounds; one H100, graph
+// replay; docs/benchmarks.md, "The registered two-shot without pointer arrays").
 template <typename T, RedOp kOp>
 __global__ void __launch_bounds__(kThreads) allreduceNvshmemTwoShotKernel(BlockArgs a) {
   const Call c = beginCall(a);
@@ -83,8 +83,8 @@ __global__ void __launch_bounds__(kThreads) allreduceNvshmemTwoShotKernel(BlockA
       if (wide && v + own.step >= own.end && (v + 1) * 16 <= len)
         x[0] = reduceOne<T, kOp, 8>([&](int q) { return src[q]; }, a.world, v);
       else reduceFrom<T, kOp>(src, a.world, len, v, own.step, own.end, x);
-      for (int i = 0, q = a.rank; i < a.world; ++i, q = q + 1 == a.world ? 0 : q + 1) {  // staggered:
-        // peers are not all written at once
+      // staggered: peers are not all written at once
+      for (int i = 0, q = a.rank; i < a.world; ++i, q = q + 1 == a.world ? 0 : q + 1) {
         char* const to = dst[q];  // in a register: a store through it could alias the array
         const bool aligned = isAligned(to);
 #pragma unroll
