@@ -15,7 +15,7 @@ memsets) it gives, per entry:
 - ``busy_us``: the median time a call's activities run (the sum of their durations);
 - ``gap_us``: cycle less busy, the time between calls when nothing of the entry runs on rank 0's
   side (the graph's launch of the next node, and the kernel's start and end);
-- ``other``: activities of the replay that do not come once a call (left out of the above).
+- ``other``: activities of the replay whose count is not a multiple of the calls (left out of the above).
 
 The first call of a replay waits for the ranks' skew after the barrier, so medians, not means. The
 kernels of a rank include its waits for the peers, so a kernel's time is its own work plus the
@@ -45,7 +45,8 @@ def _short(name: str) -> str:
     """A kernel's name without its return type, namespaces, template and call arguments; copies'
     and memsets' names as they are."""
     if name.startswith("void "):  # a kernel's signature
-        name = name.removeprefix("void ").split("<")[0].split("(")[0].split("::")[-1]
+        name = name.removeprefix("void ").replace("(anonymous namespace)::", "")
+        name = name.split("<")[0].split("(")[0].split("::")[-1]
     return name
 
 

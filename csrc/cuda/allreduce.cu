@@ -33,10 +33,10 @@ uint64_t allReduceDirect(DirectAlgo algo, PeerTransport& t, void* data, uint64_t
   beginCall(a, t, timeout_ns, ll ? KernelKind::kAllReduceLL : KernelKind::kAllReduce);
   a.data = static_cast<char*>(data);
   a.nbytes = nbytes;
-  // NOTE: the grid depends on nbytes and the world only, so every rank's block b covers the same
-  // vectors and waits on the same flags; the budget keeps all ranks' kernels resident at once
-  // (Note [Block budget]; the simple kernels' threads move kUnroll vectors per loop). LL threads
-  // carry one vector each (Note [LL grid]).
+  // NOTE: the grid depends on nbytes, the world and the group's budget and memory only, so every
+  // rank's block b covers the same vectors and waits on the same flags; the budget keeps all
+  // ranks' kernels resident at once (Note [Block budget]; the simple kernels' threads move
+  // kUnroll vectors per loop). LL threads carry one vector each (Note [LL grid]).
   const uint64_t nvec = (nbytes + 15) / 16;
   if (ll) {
     launchOneShotLL(a, llGrid(nvec, t.world(), t.blockBudget(), t.memory()), dtype, op, stream);

@@ -326,12 +326,12 @@ __device__ __forceinline__ void llSend(char* slot, uint64_t v, uint4 x, uint32_t
 /// every block of the budget is in use: 4.8 and 5.5 us. Over host_mapped, where every line
 /// crosses PCIe, spreading made LL from 1 KiB slower (16 KiB at 2 ranks: 17.8 us on 2 blocks,
 /// 101 us on 32), so there the blocks stay full (kThreads) and are as few as cover the vectors.
-/// Up to kLLOneBlock vectors over GPU memory, and while a rank reads at most kThreads vectors from
-/// its peers (8 KiB: up to 8 KiB at 2 ranks), one block with a warp per 32 vectors instead. Spread
-/// a warp per block, 1-4 KiB took 0.2-1.1 us longer than on one block at 2 and 4 ranks, and 8 KiB
-/// 0.6 us longer at 2; but 8 KiB at 4 ranks (24 KiB from the peers) took 1.3 us longer on one
-/// block than spread (one H100, graph replay; docs/benchmarks.md, "One LL block up to 4 KiB" and
-/// "One LL block up to 8 KiB at two ranks").
+/// Up to kLLOneBlock vectors over GPU memory, or while a rank receives at most kThreads vectors
+/// from its peers (8 KiB: up to 8 KiB at 2 ranks), one block with a warp per 32 vectors instead.
+/// Spread a warp per block, 1-4 KiB took 0.2-1.1 us longer than on one block at 2 and 4 ranks,
+/// and 8 KiB 0.6 us longer at 2; but 8 KiB at 4 ranks (24 KiB from the peers) took 1.3 us longer
+/// on one block than spread (one H100, graph replay; docs/benchmarks.md, "One LL block up to 4
+/// KiB" and "One LL block up to 8 KiB at two ranks").
 constexpr uint64_t kLLOneBlock = 256;  // vectors: 4 KiB of data
 struct LLGrid {
   int blocks;

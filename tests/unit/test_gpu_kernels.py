@@ -50,3 +50,11 @@ def test_calls_that_do_not_split_are_refused():
 def test_one_call_has_no_cycle():
     s = gpu_kernels.summarize(_replay(1), 1)
     assert s["busy_us"] == 7.0 + 50.0 and s["cycle_us"] != s["cycle_us"]  # NaN
+
+
+def test_names_in_anonymous_namespaces_are_kept():
+    symm = ("void c10d::symmetric_memory::(anonymous namespace)::two_shot_all_reduce_kernel<float, 16, 4>"
+            "(float*, unsigned long, unsigned long, float**, unsigned int**, unsigned long, unsigned long)")
+    assert gpu_kernels._short(symm) == "two_shot_all_reduce_kernel"
+    assert gpu_kernels._short(KERNEL) == "allreduceOneShotKernel"
+    assert gpu_kernels._short("Memcpy DtoD (Device -> Device)") == "Memcpy DtoD (Device -> Device)"
