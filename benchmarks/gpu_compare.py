@@ -213,6 +213,14 @@ def path_groups(paths):
     return groups
 
 
+def symmetric_buffer(symm, n, dtype, device, group_name):
+    """A zeroed SymmetricMemory tensor of n elements, rendezvoused over group_name (every rank calls it)."""
+    buf = symm.empty(n, dtype=dtype, device=device)
+    buf.zero_()
+    symm.rendezvous(buf, group_name)
+    return buf
+
+
 def symmetric_memory(gloo, rank):
     """PyTorch's SymmetricMemory module set up for `gloo`'s ranks, or None (said once) where it is unavailable."""
     try:
@@ -280,9 +288,7 @@ def _rank(rank, world, args):
                 row[name] = f"failed: {str(e).splitlines()[0][:60]}"
         if symm is not None:
             try:
-                buf = symm.empty(n, dtype=dtype, device=dev)
-                buf.zero_()
-                symm.rendezvous(buf, gloo.group_name)
+                buf = symmetric_buffer(symm, n, dtype, dev, gloo.group_name)
                 row["symm_mem:one_shot"] = timed(
                     lambda: torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", gloo.group_name), args.iters, barrier
                 )

@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_compare import add_dtype, parser, path_groups, run_worlds, symmetric_memory  # noqa: E402
+from gpu_compare import add_dtype, parser, path_groups, run_worlds, symmetric_buffer, symmetric_memory  # noqa: E402
 from tilecomm.bench import sizes  # noqa: E402
 
 PATHS = ["auto", "one_shot", "two_shot", "registered"]
@@ -127,9 +127,7 @@ def _rank(rank, world, args):
         calls = {name: (lambda g=g: dist.all_reduce(x, group=g)) for name, g in groups.items()}
         buf = None
         if symm is not None:
-            buf = symm.empty(n, dtype=dtype, device=dev)
-            buf.zero_()
-            symm.rendezvous(buf, gloo.group_name)
+            buf = symmetric_buffer(symm, n, dtype, dev, gloo.group_name)
             calls["symm_mem:one_shot"] = lambda: torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", gloo.group_name)
             calls["symm_mem:two_shot"] = lambda: torch.ops.symm_mem.two_shot_all_reduce_(buf, "sum", gloo.group_name)
         for name, fn in calls.items():

@@ -41,7 +41,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from gpu_compare import symmetric_memory  # noqa: E402  (benchmarks/ is the script's directory)
+from gpu_compare import symmetric_buffer, symmetric_memory  # noqa: E402  (benchmarks/ is the script's directory)
 from tilecomm import launch
 from tilecomm.bench import parse_size, sizes
 from tilecomm.gpu_points import GROUPS, attempt, eager, graph, make_groups, record, slowest, time_entries
@@ -84,9 +84,7 @@ def _rank(rank, world, args):
         row, kernels, memory = time_entries(entries, x, gout, calls, reps, barrier, lambda name: name in eager_names)
         if symm is not None:
             try:
-                buf = symm.empty(n, dtype=torch.float32, device=dev)
-                buf.zero_()
-                symm.rendezvous(buf, gloo.group_name)
+                buf = symmetric_buffer(symm, n, torch.float32, dev, gloo.group_name)
                 fn = lambda: torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", gloo.group_name)  # noqa: E731
                 row["all_reduce:symm_one_shot:eager"] = attempt(lambda: eager(fn, calls, reps, barrier))
                 row["all_reduce:symm_one_shot:graph"] = attempt(lambda: graph(fn, calls, reps, barrier))

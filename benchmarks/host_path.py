@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_compare import _timed, run_worlds, symmetric_memory  # noqa: E402
+from gpu_compare import _timed, run_worlds, symmetric_buffer, symmetric_memory  # noqa: E402
 from tilecomm.bench import parse_size  # noqa: E402
 
 
@@ -128,9 +128,7 @@ def _rank(rank, world, args):
     }
     symm = symmetric_memory(gloo, rank)
     if symm is not None:
-        sbuf = symm.empty(n, dtype=torch.float32, device=dev)
-        sbuf.zero_()
-        symm.rendezvous(sbuf, gloo.group_name)
+        sbuf = symmetric_buffer(symm, n, torch.float32, dev, gloo.group_name)
         calls["symm_one_shot"] = lambda: torch.ops.symm_mem.one_shot_all_reduce(sbuf, "sum", gloo.group_name)
         calls["symm_two_shot"] = lambda: torch.ops.symm_mem.two_shot_all_reduce_(sbuf, "sum", gloo.group_name)
     try:

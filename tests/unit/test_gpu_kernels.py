@@ -58,3 +58,24 @@ def test_names_in_anonymous_namespaces_are_kept():
     assert gpu_kernels._short(symm) == "two_shot_all_reduce_kernel"
     assert gpu_kernels._short(KERNEL) == "allreduceOneShotKernel"
     assert gpu_kernels._short("Memcpy DtoD (Device -> Device)") == "Memcpy DtoD (Device -> Device)"
+
+
+def test_symmetric_buffer_is_zeroed_and_rendezvoused():
+    """The SymmetricMemory buffer the GPU comparisons share (gpu_compare.symmetric_buffer)."""
+    import torch
+    from gpu_compare import symmetric_buffer
+
+    class FakeSymm:
+        joined = []
+
+        @staticmethod
+        def empty(n, dtype, device):
+            return torch.full((n,), 7, dtype=dtype, device=device)
+
+        @classmethod
+        def rendezvous(cls, buf, group_name):
+            cls.joined.append((buf, group_name))
+
+    buf = symmetric_buffer(FakeSymm, 5, torch.bfloat16, torch.device("cpu"), "g")
+    assert buf.dtype == torch.bfloat16 and buf.tolist() == [0.0] * 5
+    assert len(FakeSymm.joined) == 1 and FakeSymm.joined[0][0] is buf and FakeSymm.joined[0][1] == "g"
