@@ -132,3 +132,20 @@ def test_a_kept_build_of_the_same_sources_is_copied_in(tree):
     build(tree)
     compiled, log = build(tree)
     assert compiled == [] and "copied in" in log
+
+
+def test_the_four_newest_builds_are_kept(tree):
+    kernel = tree / "csrc" / "cuda" / "kernel.cu"
+    build(tree)  # kernel 1
+    for i in range(2, 6):
+        kernel.write_text(f"kernel {i}\n")
+        assert build(tree)[0] == ["csrc/cuda/kernel.cu"]
+    for i in (2, 5, 3, 4):
+        put_back(kernel, f"kernel {i}\n")
+        compiled, log = build(tree)
+        assert compiled == [] and "copied in" in log
+        assert extension(tree) == f"kernel {i}\nengine 1\n"
+    put_back(kernel, "kernel 1\n")  # the oldest: no longer kept
+    compiled, log = build(tree)
+    assert compiled == ["csrc/cuda/kernel.cu"] and "copied in" not in log
+    assert extension(tree) == "kernel 1\nengine 1\n"
