@@ -60,7 +60,7 @@
 // the ranks exchange {handle, allocation address and unique id, offset} with an all_gather of the
 // CPU engine, each opens what it has not opened yet (cudaIpcOpenMemHandle, cached per (rank,
 // allocation address); a new id at a known address means the old allocation was freed: its
-// mapping is closed), and one two-shot kernel reads and stores every rank's tensor in place
+// mapping is closed), and the two-shot reads and stores every rank's tensor in place
 // (cuda/blocks.h, allReduceRegistered). all_gather does the same with its output where that is one range
 // (all_gather_into_tensor) of at least TILECOMM_CUDA_REGISTER_BYTES above the LL limit (with
 // TILECOMM_PROTO=auto, all_gather_into_tensor above the CUDA model's crossover with LL too), unless

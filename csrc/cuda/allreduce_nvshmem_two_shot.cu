@@ -10,10 +10,12 @@
 // is read and written by rank r alone, so the stores need no further round.
 // Cost: two flag rounds; per rank n read from peers and n written to them;
 // staged, 2n more (copy in, copy out). With every tensor on the heap it moves
-// what SymmetricMemory's two-shot moves. The same kernel runs over cuda_ipc on
-// registered tensors (Note [Registered tensors] in backend/cuda_glue.hpp): the
-// host mapped every rank's tensor, and parts are read and stored through those
-// addresses (BlockArgs::tensor), in place, with no staging at all.
+// what SymmetricMemory's two-shot moves. Over cuda_ipc, on registered tensors
+// (Note [Registered tensors] in backend/cuda_glue.hpp), the host mapped every
+// rank's tensor, and parts are read and stored through those addresses
+// (BlockArgs::tensor), in place, with no staging at all: by this kernel, or
+// where a rank's part is whole and aligned, by the kernel of Note [Registered
+// parts], which follows the same rounds.
 #include "cuda/blocks_launch.cuh"
 
 namespace tilecomm::cuda {
@@ -34,13 +36,40 @@ __device__ __forceinline__ Walk partWalk(const BlockArgs& a, int j, const Walk& 
 }  // namespace
 
 // Note [Registered parts]: over registered tensors whose parts `rank` are all aligned and whole
-// (a multiple of 16 bytes), a 16-, 32- or 64-bit part is reduced and stored straight through the
-// mapped tensors, with the one_shot's loop (reduceWalk). The general loop keeps every rank's
-// source and destination in arrays indexed at run time, which live in local memory (a 256-byte
-// stack frame), and picks its loads per vector. 8-bit types keep the general loop: reduceWalk's
-// loads spilled 34-60 bytes in their instances. With this path the kernel's own time fell by
-// 0.7-1.5 us at 2 and 4 ranks, 64 KiB-1 MiB of float32 (every pair of rounds; one H100, graph
-// replay; docs/benchmarks.md, "The registered two-shot without pointer arrays").
+// (a multiple of 16 bytes), a part is reduced and stored straight through the mapped tensors, with
+// the one_shot's loop (reduceWalk), by a kernel of its own (allreduceRegisteredPartsKernel; the
+// host checks the parts, allReduceRegistered in blocks.cu). The general kernel keeps every rank's
+// source and destination in arrays indexed at run time, which live in local memory (a 256-288-byte
+// stack frame), and picks its loads per vector; parts that are not whole keep it. The two kernels
+// raise and wait for the same flags, so ranks of one call may run either (a shorter last part
+// does). Reducing registered parts without the arrays, inside the general kernel, took 0.7-1.5 us
+// off its time at 2 and 4 ranks, 64 KiB-1 MiB of float32 (one H100, graph replay;
+// docs/benchmarks.md, "The registered two-shot without pointer arrays"); 8-bit types kept the
+// general loop there, where reduceWalk's loads spilled. In a kernel of its own the path takes
+// 44-64 registers a thread, no stack and no spill for every type, where the general kernel's
+// instances take 100-128 and such a stack (at 128 registers, a block of kThreads fills an SM's
+// register file).
+template <typename T, RedOp kOp>
+__global__ void __launch_bounds__(kThreads) allreduceRegisteredPartsKernel(BlockArgs a) {
+  const Call c = beginCall(a);
+  signal(a, 0, c.seq);  // registered: peers read and write my mapped tensor, no source to publish
+  bool ok = waitPeers(a, 0, c.seq);
+  if (ok) {
+    // reduce: part `rank` of every rank in rank order, then store it into every rank's copy
+    const uint64_t at = a.rank * a.stride;
+    const Walk own = partWalk(a, a.rank, walkOf(0, a.stride / 16));  // Note [Grid walk]
+    const auto copy = [&](int q) { return a.tensor[q] + at; };
+    reduceWalk<T, kOp>(copy, a.world, own, [&](uint64_t v, const uint4& x) {
+      for (int i = 0, q = a.rank; i < a.world; ++i, q = q + 1 == a.world ? 0 : q + 1)  // staggered
+        *reinterpret_cast<uint4*>(copy(q) + v * 16) = x;
+    });
+  }
+  // stored: as in the general kernel below (and its NOTE on a failed wait)
+  if (ok) signal(a, 1, c.seq);
+  if (ok) ok = waitPeers(a, 1, c.seq);
+  endCall(a, c);
+}
+
 template <typename T, RedOp kOp>
 __global__ void __launch_bounds__(kThreads) allreduceNvshmemTwoShotKernel(BlockArgs a) {
   const Call c = beginCall(a);
@@ -58,27 +87,17 @@ __global__ void __launch_bounds__(kThreads) allreduceNvshmemTwoShotKernel(BlockA
     // reduce: part `rank` of every rank in rank order, then store it into every rank's copy
     const uint64_t len = partBytes(a, a.rank);
     const Walk own = partWalk(a, a.rank, w);
-    const uint64_t at = a.rank * a.stride;
-    bool whole = registered && sizeof(T) >= 2 && len % 16 == 0;  // Note [Registered parts]
-    for (int q = 0; q < a.world; ++q) whole = whole && isAligned(a.tensor[q] + at);
-    if (whole) {
-      const auto copy = [&](int q) { return a.tensor[q] + at; };
-      reduceWalk<T, kOp>(copy, a.world, own, [&](uint64_t v, const uint4& x) {
-        for (int i = 0, q = a.rank; i < a.world; ++i, q = q + 1 == a.world ? 0 : q + 1)  // staggered
-          *reinterpret_cast<uint4*>(copy(q) + v * 16) = x;
-      });
-    }
     const char* src[kMaxRanks];
     char* dst[kMaxRanks];
-    for (int q = 0; !whole && q < a.world; ++q) {
+    for (int q = 0; q < a.world; ++q) {
       dst[q] = registered ? a.tensor[q] + a.rank * a.stride
                : q == a.rank ? a.out[0] + a.rank * a.stride
                              : const_cast<char*>(sourceBlock(a, q, c.seq, a.rank));
       src[q] = q == a.rank ? a.in[0] + a.rank * a.stride : dst[q];
     }
     bool wide = sizeof(T) >= 2;  // Note [One vector]: all peers' loads at once, where aligned
-    for (int q = 0; !whole && q < a.world; ++q) wide = wide && isAligned(src[q]);
-    for (uint64_t v = own.first; !whole && v < own.end; v += kUnroll * own.step) {
+    for (int q = 0; q < a.world; ++q) wide = wide && isAligned(src[q]);
+    for (uint64_t v = own.first; v < own.end; v += kUnroll * own.step) {
       uint4 x[kUnroll];
       if (wide && v + own.step >= own.end && (v + 1) * 16 <= len)
         x[0] = reduceOne<T, kOp, 8>([&](int q) { return src[q]; }, a.world, v);
@@ -114,6 +133,17 @@ struct AllReduceNvshmemTwoShot {
 
 void launchAllReduceNvshmemTwoShot(const BlockArgs& a, int blocks, DType dtype, RedOp op, cudaStream_t s) {
   dispatch<AllReduceNvshmemTwoShot>(a, blocks, dtype, op, s);
+}
+
+struct AllReduceRegisteredParts {
+  template <typename T, RedOp kOp>
+  static void launch(const BlockArgs& a, int blocks, cudaStream_t s) {
+    allreduceRegisteredPartsKernel<T, kOp><<<blocks, kThreads, 0, s>>>(a);
+  }
+};
+
+void launchAllReduceRegisteredParts(const BlockArgs& a, int blocks, DType dtype, RedOp op, cudaStream_t s) {
+  dispatch<AllReduceRegisteredParts>(a, blocks, dtype, op, s);
 }
 
 }  // namespace tilecomm::cuda

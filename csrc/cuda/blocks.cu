@@ -126,7 +126,13 @@ uint64_t allReduceRegistered(PeerTransport& t, char* const* tensors, uint64_t nb
   a.slot = a.stride = ((nbytes + p - 1) / p + 15) / 16 * 16;  // a part
   a.source = kRegisteredSource;
   a.dest = kStagedSource;
-  launchAllReduceNvshmemTwoShot(a, gridFor(t, a.stride), dtype, op, stream);
+  // Note [Registered parts]: this rank's part whole vectors, and aligned in every rank's tensor
+  const uint64_t at = t.rank() * a.stride;
+  const uint64_t len = at >= nbytes ? 0 : std::min(a.stride, nbytes - at);
+  bool whole = len % 16 == 0;
+  for (int q = 0; q < p; ++q) whole = whole && reinterpret_cast<uintptr_t>(tensors[q] + at) % 16 == 0;
+  if (whole) launchAllReduceRegisteredParts(a, gridFor(t, a.stride), dtype, op, stream);
+  else launchAllReduceNvshmemTwoShot(a, gridFor(t, a.stride), dtype, op, stream);
   checkLaunch("allreduce_two_shot_registered");
   return a.launch;
 }

@@ -68,5 +68,7 @@ void launchAllGatherPull(const BlockArgs& a, int blocks, cudaStream_t s);
 void launchReduceScatterPush(const BlockArgs& a, int blocks, DType dtype, RedOp op, cudaStream_t s);
 void launchReduceScatterPull(const BlockArgs& a, int blocks, DType dtype, RedOp op, cudaStream_t s);
 void launchAllReduceNvshmemTwoShot(const BlockArgs& a, int blocks, DType dtype, RedOp op, cudaStream_t s);
+/// The registered two-shot where every rank's part `rank` is aligned and whole (Note [Registered parts]).
+void launchAllReduceRegisteredParts(const BlockArgs& a, int blocks, DType dtype, RedOp op, cudaStream_t s);
 
 }  // namespace tilecomm::cuda
