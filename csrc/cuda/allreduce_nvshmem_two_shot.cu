@@ -48,7 +48,9 @@ __device__ __forceinline__ Walk partWalk(const BlockArgs& a, int j, const Walk& 
 // general loop there, where reduceWalk's loads spilled. In a kernel of its own the path takes
 // 44-64 registers a thread, no stack and no spill for every type, where the general kernel's
 // instances take 100-128 and such a stack (at 128 registers, a block of kThreads fills an SM's
-// register file).
+// register file). The kernel's own time fell by another 0.43-0.62 us at 2 and 4 ranks, 256 KiB-4
+// MiB of float32, in every pair of rounds (one H100, graph replay; docs/benchmarks.md, "The
+// registered two-shot's whole parts in a kernel of their own").
 template <typename T, RedOp kOp>
 __global__ void __launch_bounds__(kThreads) allreduceRegisteredPartsKernel(BlockArgs a) {
   const Call c = beginCall(a);
