@@ -331,7 +331,9 @@ __device__ __forceinline__ void llSend(char* slot, uint64_t v, uint4 x, uint32_t
 /// Spread a warp per block, 1-4 KiB took 0.2-1.1 us longer than on one block at 2 and 4 ranks,
 /// and 8 KiB 0.6 us longer at 2; but 8 KiB at 4 ranks (24 KiB from the peers) took 1.3 us longer
 /// on one block than spread (one H100, graph replay; docs/benchmarks.md, "One LL block up to 4
-/// KiB" and "One LL block up to 8 KiB at two ranks").
+/// KiB" and "One LL block up to 8 KiB at two ranks"). Putting 4 and 8 KiB at 4 ranks on 2 and 3
+/// blocks instead (a block's received vectors within kThreads) gained nothing beyond the noise
+/// (docs/benchmarks.md, "... LL on a few blocks at world 4").
 constexpr uint64_t kLLOneBlock = 256;  // vectors: 4 KiB of data
 struct LLGrid {
   int blocks;
