@@ -41,8 +41,8 @@ __device__ __forceinline__ Walk partWalk(const BlockArgs& a, int j, const Walk& 
 // host checks the parts, allReduceRegistered in blocks.cu). The general kernel keeps every rank's
 // source and destination in arrays indexed at run time, which live in local memory (a 256-288-byte
 // stack frame), and picks its loads per vector; parts that are not whole keep it. The two kernels
-// raise and wait for the same flags, so ranks of one call may run either (a shorter last part
-// does). Reducing registered parts without the arrays, inside the general kernel, took 0.7-1.5 us
+// raise and wait for the same flags, so ranks of one call may run either (the rank whose part ends
+// off a 16-byte boundary runs the general one). Reducing registered parts without the arrays, inside the general kernel, took 0.7-1.5 us
 // off its time at 2 and 4 ranks, 64 KiB-1 MiB of float32 (one H100, graph replay;
 // docs/benchmarks.md, "The registered two-shot without pointer arrays"); 8-bit types kept the
 // general loop there, where reduceWalk's loads spilled. In a kernel of its own the path takes

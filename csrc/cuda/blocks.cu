@@ -126,7 +126,7 @@ uint64_t allReduceRegistered(PeerTransport& t, char* const* tensors, uint64_t nb
   a.slot = a.stride = ((nbytes + p - 1) / p + 15) / 16 * 16;  // a part
   a.source = kRegisteredSource;
   a.dest = kStagedSource;
-  // Note [Registered parts]: this rank's part whole vectors, and aligned in every rank's tensor
+  // Note [Registered parts]: this rank's part in whole vectors, aligned in every rank's tensor
   const uint64_t at = t.rank() * a.stride;
   const uint64_t len = at >= nbytes ? 0 : std::min(a.stride, nbytes - at);
   bool whole = len % 16 == 0;

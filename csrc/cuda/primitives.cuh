@@ -333,7 +333,8 @@ __device__ __forceinline__ void llSend(char* slot, uint64_t v, uint4 x, uint32_t
 /// on one block than spread (one H100, graph replay; docs/benchmarks.md, "One LL block up to 4
 /// KiB" and "One LL block up to 8 KiB at two ranks"). Putting 4 and 8 KiB at 4 ranks on 2 and 3
 /// blocks instead (a block's received vectors within kThreads) gained nothing beyond the noise
-/// (docs/benchmarks.md, "... LL on a few blocks at world 4").
+/// (one H100, graph replay; docs/benchmarks.md, "The registered two-shot's whole parts in a kernel
+/// of their own; LL on a few blocks at world 4").
 constexpr uint64_t kLLOneBlock = 256;  // vectors: 4 KiB of data
 struct LLGrid {
   int blocks;

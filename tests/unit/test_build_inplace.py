@@ -134,18 +134,23 @@ def test_a_kept_build_of_the_same_sources_is_copied_in(tree):
     assert compiled == [] and "copied in" in log
 
 
-def test_the_four_newest_builds_are_kept(tree):
+def test_the_four_builds_used_last_are_kept(tree):
     kernel = tree / "csrc" / "cuda" / "kernel.cu"
     build(tree)  # kernel 1
     for i in range(2, 6):
         kernel.write_text(f"kernel {i}\n")
         assert build(tree)[0] == ["csrc/cuda/kernel.cu"]
-    for i in (2, 5, 3, 4):
+    assert len(list((tree / "build" / "prebuilt").iterdir())) == 4  # kernel 1's is gone
+    for i in (5, 3, 4, 2):  # each copied in: used last in this order
         put_back(kernel, f"kernel {i}\n")
         compiled, log = build(tree)
         assert compiled == [] and "copied in" in log
         assert extension(tree) == f"kernel {i}\nengine 1\n"
-    put_back(kernel, "kernel 1\n")  # the oldest: no longer kept
+    put_back(kernel, "kernel 1\n")  # not kept: compiled, and kernel 5's build, used longest ago, goes
     compiled, log = build(tree)
     assert compiled == ["csrc/cuda/kernel.cu"] and "copied in" not in log
     assert extension(tree) == "kernel 1\nengine 1\n"
+    put_back(kernel, "kernel 2\n")  # built before kernel 5's, but used since
+    assert "copied in" in build(tree)[1]
+    put_back(kernel, "kernel 5\n")
+    assert build(tree)[0] == ["csrc/cuda/kernel.cu"]
