@@ -127,10 +127,8 @@ uint64_t allReduceRegistered(PeerTransport& t, char* const* tensors, uint64_t nb
   a.source = kRegisteredSource;
   a.dest = kStagedSource;
   // Note [Registered parts]: this rank's part in whole vectors, aligned in every rank's tensor
-  const uint64_t at = t.rank() * a.stride;
-  const uint64_t len = at >= nbytes ? 0 : std::min(a.stride, nbytes - at);
-  bool whole = len % 16 == 0;
-  for (int q = 0; q < p; ++q) whole = whole && reinterpret_cast<uintptr_t>(tensors[q] + at) % 16 == 0;
+  bool whole = partBytes(a, t.rank()) % 16 == 0;
+  for (int q = 0; q < p; ++q) whole = whole && isAligned(tensors[q] + t.rank() * a.stride);
   if (whole) launchAllReduceRegisteredParts(a, gridFor(t, a.stride), dtype, op, stream);
   else launchAllReduceNvshmemTwoShot(a, gridFor(t, a.stride), dtype, op, stream);
   checkLaunch("allreduce_two_shot_registered");

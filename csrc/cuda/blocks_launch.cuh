@@ -49,6 +49,13 @@ __device__ __forceinline__ char* destBlock(const BlockArgs& a, int q, uint64_t s
   return base + at + a.rank * a.stride;
 }
 
+/// Bytes of part j of an n-byte piece cut into parts of `stride` bytes (the two-shot's; the host
+/// checks its rank's part with it too, Note [Registered parts]).
+__host__ __device__ __forceinline__ uint64_t partBytes(const BlockArgs& a, int j) {
+  const uint64_t at = j * a.stride;
+  return at >= a.nbytes ? 0 : a.nbytes - at < a.stride ? a.nbytes - at : a.stride;
+}
+
 /// This thread's vectors of walk w of out[0] = src[0..p-1] reduced in rank order (reduceFrom).
 template <typename T, RedOp kOp>
 __device__ __forceinline__ void reduceInto(const BlockArgs& a, const char* const* src, const Walk& w) {

@@ -453,7 +453,7 @@ __device__ __forceinline__ Walk clipped(const Walk& w, uint64_t end) { return Wa
 
 // ---- 16-byte vectors ----
 
-__device__ __forceinline__ bool isAligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+__host__ __device__ __forceinline__ bool isAligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 // Note [Registers]: a vector is never addressed byte by byte through memory. A byte loop over
 // `reinterpret_cast<char*>(&x)[i]` with a run-time i puts x in local memory, and the compiler
