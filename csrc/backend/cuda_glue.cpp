@@ -203,8 +203,8 @@ void CudaGroup::releasePeers() {
   if (ipc_ && watch_)  // a peer that died since the watchdog last looked is not waited for
     for (const auto& [rank, note] : watch_()) ipc_->peerDied(rank, note);
   if (ipc_) ipc_->drain(std::min<int64_t>(settings_.timeout_ms, 10000));
-  // Note [Registered tensors]: our kernels are done (the stream is idle), and a peer's kernel that
-  // wrote our tensor ended before ours did.
+  // Note [Registered tensors]: our kernels are done (the stream is idle), and peers no longer touch
+  // our tensor (drain: their kernels that read it ended, and their stores into it were awaited).
   for (auto& [key, mapping] : mapped_) cudaIpcCloseMemHandle(mapping.second);
   for (char* p : retired_) cudaIpcCloseMemHandle(p);
   mapped_.clear();

@@ -5,7 +5,9 @@
 // peer q's into output block q. Cost: no flag round, one one-way trip; per
 // rank (p-1) x 2n bytes written to peers, (p-1) x 2n read locally. Wins for
 // small messages (n up to the LL buffer), where latency is all that matters;
-// larger ones take the registered, NVSHMEM or schedule-executor paths.
+// larger ones take the registered, NVSHMEM or schedule-executor paths. As the
+// LL all_reduce, the kernel is awaited (Note [Awaited calls] in primitives.cuh)
+// and loads a thread's first vector before the counter's value is back.
 
 #include "common/error.h"
 #include "cuda/allreduce.h"
@@ -14,16 +16,17 @@
 namespace tilecomm::cuda {
 
 __global__ void __launch_bounds__(kThreads) allgatherDirectLLKernel(GatherArgs a) {
-  const Call c = beginCall(a);
-  const uint32_t flag = llFlag(c.seq);
   const uint64_t nvec = (a.nbytes + 15) / 16;
   const uint64_t first = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
-  // send: my input into slot `rank` of every peer's LL buffer, and into my own output block
   const bool in_aligned = isAligned(a.in);
+  const uint4 x0 = first < nvec ? loadUser(a.in, first, a.nbytes, in_aligned) : uint4{};
+  const Call c = beginCall<true>(a);
+  const uint32_t flag = llFlag(c.seq);
+  // send: my input into slot `rank` of every peer's LL buffer, and into my own output block
   const bool own_aligned = isAligned(a.out[a.rank]);
   for (uint64_t v = first; v < nvec; v += stride) {
-    const uint4 x = loadUser(a.in, v, a.nbytes, in_aligned);
+    const uint4 x = v == first ? x0 : loadUser(a.in, v, a.nbytes, in_aligned);
     for (int i = 1; i < a.world; ++i) {
       const int q = (a.rank + i) % a.world;
       llSend(llSlotOf(a.peers.base[q], a.capacity, a.ll_capacity, a.world, c.seq, a.rank), v, x, flag);
@@ -44,7 +47,7 @@ __global__ void __launch_bounds__(kThreads) allgatherDirectLLKernel(GatherArgs a
       }
     }
   }
-  endCall(a, c);
+  endCall<true>(a, c);
 }
 
 uint64_t allGatherDirectLL(PeerTransport& t, const void* in, void* const* out, uint64_t nbytes, cudaStream_t stream,

@@ -8,6 +8,9 @@
 // of every rank's copy, in place or staged; once every peer said so (phase 1),
 // a staged rank copies its parts out of its staging buffer. Part r of any copy
 // is read and written by rank r alone, so the stores need no further round.
+// Phase 1 is announced with push flags (Note [Push flags]), so every access to
+// a peer's memory after the phase-0 wait is a store that the peer waits for:
+// the kernel is awaited (Note [Awaited calls] in primitives.cuh).
 // Cost: two flag rounds; per rank n read from peers and n written to them;
 // staged, 2n more (copy in, copy out). With every tensor on the heap it moves
 // what SymmetricMemory's two-shot moves. Over cuda_ipc, on registered tensors
@@ -47,7 +50,7 @@ __device__ __forceinline__ Walk partWalk(const BlockArgs& a, int j, const Walk& 
 // registered two-shot's whole parts in a kernel of their own").
 template <typename T, RedOp kOp>
 __global__ void __launch_bounds__(kThreads) allreduceRegisteredPartsKernel(BlockArgs a) {
-  const Call c = beginCall(a);
+  const Call c = beginCall<true>(a);  // awaited, as the general kernel below
   signal(a, 0, c.seq);  // registered: peers read and write my mapped tensor, no source to publish
   bool ok = waitPeers(a, 0, c.seq);
   if (ok) {
@@ -61,14 +64,14 @@ __global__ void __launch_bounds__(kThreads) allreduceRegisteredPartsKernel(Block
     });
   }
   // stored: as in the general kernel below (and its NOTE on a failed wait)
-  if (ok) signal(a, 1, c.seq);
-  if (ok) ok = waitPeers(a, 1, c.seq);
-  endCall(a, c);
+  if (ok) signalPushed(a, c.seq);
+  if (ok) ok = waitPushed(a, c.seq, blockIdx.x);
+  endCall<true>(a, c);
 }
 
 template <typename T, RedOp kOp>
 __global__ void __launch_bounds__(kThreads) allreduceNvshmemTwoShotKernel(BlockArgs a) {
-  const Call c = beginCall(a);
+  const Call c = beginCall<true>(a);
   const Walk w = walkOf(0, a.stride / 16);  // the same vectors of every part (Note [Grid walk])
   const bool staged = a.source == kStagedSource;
   const bool registered = a.source == kRegisteredSource;  // every rank's tensor mapped by the host
@@ -112,12 +115,12 @@ __global__ void __launch_bounds__(kThreads) allreduceNvshmemTwoShotKernel(BlockA
   // raised after a failed wait: peers would take their unreduced part r for the result; they
   // time out instead. A peer that arrives after this rank gave up may still store into its
   // tensor in place; the call has failed by then, and the group fails every later call.
-  if (ok) signal(a, 1, c.seq);
-  if (ok) ok = waitPeers(a, 1, c.seq);
+  if (ok) signalPushed(a, c.seq);
+  if (ok) ok = waitPushed(a, c.seq, blockIdx.x);
   // copy out: a staged rank's parts reduced by the peers
   for (int j = 0; ok && staged && j < a.world; ++j)
     if (j != a.rank) copyVectors(mine + j * a.stride, a.out[0] + j * a.stride, partBytes(a, j), partWalk(a, j, w));
-  endCall(a, c);
+  endCall<true>(a, c);
 }
 
 struct AllReduceNvshmemTwoShot {

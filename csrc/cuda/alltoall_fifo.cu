@@ -25,7 +25,7 @@ struct AllToAllArgs : FifoArgs {
 int lanesOf(int world) { return 2 * world - 1; }
 
 __global__ void __launch_bounds__(kThreads) allToAllKernel(AllToAllArgs a) {
-  const Call c = beginCall(a);
+  const Call c = beginCall<false, true>(a);  // endFifoKernel waits for the peers' counter.done
   const uint64_t base = barrierBase(a);
   const int lane = blockIdx.x / a.per_lane, sub = blockIdx.x % a.per_lane;
   bool ok = true;

@@ -193,7 +193,7 @@ __device__ __forceinline__ uint64_t barrierBase(const FifoArgs& a) {
 __device__ inline void endFifoKernel(const FifoArgs& a, const Call& c, uint64_t base, uint64_t k, bool ok) {
   const int q = threadIdx.x;
   if (blockIdx.x == 0 && ok && q < a.world && q != a.rank)
-    waitAtLeast(a, reinterpret_cast<const uint64_t*>(&counterOf(a.peers.base[q])->seq), c.seq - 1, q, c.seq, false);
+    waitAtLeast(a, reinterpret_cast<const uint64_t*>(&counterOf(a.peers.base[q])->done), c.seq - 1, q, c.seq, false);
   gridBarrier(a, c, base, k, true);
 }
 

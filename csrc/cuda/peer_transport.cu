@@ -174,8 +174,10 @@ void PeerTransport::drain(int64_t timeout_ms) {
   if (failedLaunch() != 0) return;
   int prev = 0;
   if (cudaGetDevice(&prev) != cudaSuccess || cudaSetDevice(device_) != cudaSuccess) return;
+  // Note [Awaited calls]: after an awaited kernel, done is the call before it, and peers are
+  // done with this rank's memory once they have begun that kernel.
   auto seqOf = [](char* base, uint64_t& v) {
-    return cudaMemcpy(&v, &counterOf(base)->seq, sizeof(v), cudaMemcpyDefault) == cudaSuccess;
+    return cudaMemcpy(&v, &counterOf(base)->done, sizeof(v), cudaMemcpyDefault) == cudaSuccess;
   };
   uint64_t last = 0;
   if (seqOf(own_, last) && last > 0) {

@@ -17,10 +17,14 @@
 // Note [Device sequence]: every direct call has a sequence number s (from 1),
 // the same on every rank because every rank makes the same direct calls in the
 // same order. It lives in device memory (SeqCounter), not in a kernel argument:
-// each kernel reads s = counter.seq + 1 at its start, and the last of its blocks
-// to finish stores counter.seq = s. So a kernel captured in a CUDA graph gets a
-// fresh s at every replay, and counter.seq = s also says "my kernel of call s
-// has stopped touching peers' memory" (PeerTransport::drain waits for that).
+// each kernel reads s = counter.seq + 1 at its start, and once every one of its
+// blocks has read it, one of them stores counter.seq = s. So a kernel captured
+// in a CUDA graph gets a fresh s at every replay. counter.done = s says "my
+// kernels up to call s have ended" (PeerTransport::drain and the schedule
+// executor wait for peers' values): the last block of a kernel to finish stores
+// it, or, for an awaited kernel (Note [Awaited calls] in primitives.cuh), the
+// next kernel: block 0 at its start if it is awaited or a FIFO kernel, else its
+// last block at its end.
 //
 // Note [Flags]: a flag holds the sequence number of the last direct call whose
 // phase it announces. Values only grow (the area is zeroed once, at creation,
@@ -109,9 +113,10 @@ struct KernelError {
 
 /// This rank's call counter (Note [Device sequence]); only its own kernels touch it.
 struct SeqCounter {
-  unsigned long long seq;      // the last call whose kernel finished on this rank
-  unsigned long long blocks;   // thread blocks of all finished kernels
-  unsigned long long arrived;  // thread blocks that finished (atomically counted)
+  unsigned long long seq;      // the last call whose kernel has run on this rank (all its blocks began)
+  unsigned long long blocks;   // thread blocks of all those kernels (read with seq: keep them together)
+  unsigned long long arrived;  // thread blocks counted (atomically) so far
+  unsigned long long done;     // every kernel of this rank up to this call has ended
 };
 
 /// Byte offsets inside an area: [flags | counter | source and destination offsets] [push flags] [staging 0]
@@ -119,6 +124,7 @@ struct SeqCounter {
 /// (16-byte lines carrying 8 data bytes).
 constexpr uint64_t kCounterOffset = kPhases * kMaxBlocks * sizeof(uint64_t);
 constexpr uint64_t kSourceOffset = kCounterOffset + 64;
+static_assert(sizeof(SeqCounter) <= 64 && kCounterOffset % 16 == 0, "the counter: 16-byte aligned, before the source offsets");
 constexpr uint64_t kPushOffset = 4096;
 constexpr uint64_t kFlagBytes = kPushOffset + kMaxRanks * kMaxBlocks * sizeof(uint64_t);
 constexpr uint64_t kDestOffset = kSourceOffset + 2 * sizeof(int64_t);
@@ -131,8 +137,9 @@ __host__ __device__ inline SeqCounter* counterOf(char* base) {
   return reinterpret_cast<SeqCounter*>(base + kCounterOffset);
 }
 /// Note [Push flags]: in rank q's area, the flag that rank src raises (a remote store, or
-/// NVSHMEM's put-with-signal) once its data of call <value> for this block is in q's staging
-/// buffer; q polls its own memory.
+/// NVSHMEM's put-with-signal) once its data of call <value> for this block is in q's memory (its
+/// staging buffer, or for the two-shot's phase 1 its tensor or in-place copy); q polls its own
+/// memory.
 __host__ __device__ inline uint64_t* pushFlagOf(char* base, int src, int block) {
   return reinterpret_cast<uint64_t*>(base + kPushOffset) + src * kMaxBlocks + block;
 }
@@ -245,7 +252,9 @@ class PeerTransport {
   /// a CUDA graph keeps the id it was captured with; sequence numbers come from the device.
   uint64_t nextLaunch() { return ++launches_; }
   /// Before the area is freed: waits (at most timeout_ms) until every peer's kernel of this
-  /// rank's last direct call ended (Note [Device sequence]). The stream must be idle.
+  /// rank's last direct call ended, or, after an awaited call, of the call before it (Note
+  /// [Awaited calls] in primitives.cuh): peers are then done with this rank's memory. The stream
+  /// must be idle.
   void drain(int64_t timeout_ms);
   KernelError* errorForDevice() const { return err_dev_; }
   /// Launch id of the first direct kernel whose wait failed, 0 if none.

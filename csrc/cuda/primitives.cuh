@@ -121,7 +121,8 @@ __device__ __forceinline__ void acquireFromPeers(bool one_gpu) {
 // other threads' stores the barrier ordered before it, and no separate fence precedes it. Waiters
 // poll with relaxed loads and acquire once, with a fence, when the value has come. End of call:
 // every block takes its count with an acquire-release atomic, so the last one's release of the
-// counter follows every block's stores; a one-block kernel takes no count. Against a fence before
+// counter follows every block's stores; a one-block kernel takes no count, and an awaited kernel's
+// blocks count themselves at its start (Note [Awaited calls]). Against a fence before
 // each release, acquire loads in the polls and a fenced atomic count, the registered two-shot took
 // about 1 us less at 4 ranks and 0.5-0.8 us less at 2 up to 1 MiB (one H100, graph replay;
 // docs/benchmarks.md). The schedule executor's FIFOs (fifo.cuh) still publish with a fence first.
@@ -145,40 +146,93 @@ __device__ __forceinline__ void publish(bool one_gpu, uint64_t* p, uint64_t v) {
 struct Call {
   uint64_t seq;            // this call's sequence number
   uint64_t blocks_before;  // counter.blocks at the start: the blocks of every earlier kernel
+  uint64_t before;         // an awaited kernel's thread 0: counter.arrived before this block's count
 };
 
+// Note [Awaited calls]: the count that ends a kernel of several blocks (endCall) costs its last
+// block a round trip to memory after its work: an atomic whose result says whether it is the
+// last, and only then counter.seq and counter.done. An awaited kernel is one whose every access to
+// a peer's memory is a store that the peer's kernel of the same call waits for before it ends
+// (the LL kernels' lines, a push flag). It needs no such count at its end. When its own kernel
+// has ended, every peer is done with its memory (drain), and a later call's kernel starts only
+// after this one has ended (one stream). So each block counts itself at the start, right after
+// reading the counter; the atomic's result is needed only at its end. The last block to be counted
+// stores counter.seq there (every block has read it by then). counter.done is published by the
+// next awaited or FIFO kernel's block 0 at its start (beginCall), or at the end of the next other
+// kernel; drain reads it and waits for the call before its own last. A kernel that reads a peer's
+// memory (a staging buffer, a flag) after its last wait is not awaited: the peer could end, tear
+// down and free that memory first. NOTE: the ranks of one call run awaited kernels or none of them
+// (both two-shot kernels are awaited; LL is chosen by size, the same on every rank): after an
+// awaited call a rank's counter.done is one call behind, so a peer that ran a kernel not awaited
+// would wait in drain for a value that never comes, until its timeout. Measured against counting
+// at the end (one H100, graph replay, kernel time, float32, 3 pairs of rounds; docs/benchmarks.md,
+// "Awaited calls adopted"): the registered two-shot 0.24-0.90 us less at 2 and 4 ranks, 4 KiB-1
+// MiB, the LL all_reduce 0.32-0.88 us less at 4 and 64 KiB; by latency at 4 ranks, 4 and 8 KiB,
+// the LL all_reduce 0.69-1.13 us and the LL all_gather 0.59-0.71 less. The other kernels did not move.
+
 /// Block-wide, at the kernel's start: this call's sequence number from the device counter.
+/// kAwaited: each block counts itself now (Note [Awaited calls]). kPublishDone (awaited kernels,
+/// and the FIFO kernels, whose end waits for the peers' counter.done): block 0 publishes
+/// counter.done = the previous call (its kernel has ended). Other kernels publish it at their end
+/// only, which saves them the store's registers (a spill in the simple two-shot's instances).
+template <bool kAwaited = false, bool kPublishDone = kAwaited>
 __device__ __forceinline__ Call beginCall(const CallArgs& a) {
   __shared__ uint64_t start[2];
+  Call c{};
   if (threadIdx.x == 0) {
-    const volatile SeqCounter* c = counterOf(a.peers.base[a.rank]);
-    start[0] = c->seq + 1;
-    start[1] = c->blocks;
+    SeqCounter* k = counterOf(a.peers.base[a.rank]);
+    uint64_t seq, blocks;
+    if (kAwaited) {  // one load for both; the acquire orders the count below after it
+      asm volatile("ld.acquire.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(seq), "=l"(blocks) : "l"(&k->seq) : "memory");
+    } else {  // counted at the end, after all its work: no order needed here
+      const volatile SeqCounter* v = k;
+      seq = v->seq;
+      blocks = v->blocks;
+    }
+    start[0] = seq + 1;
+    start[1] = blocks;
+    if (kPublishDone && blockIdx.x == 0) *reinterpret_cast<volatile unsigned long long*>(&k->done) = seq;
+    if (kAwaited && gridDim.x > 1) c.before = atomicAdd(&k->arrived, 1ull);
   }
   __syncthreads();
-  return Call{start[0], start[1]};
+  c.seq = start[0];
+  c.blocks_before = start[1];
+  return c;
 }
 
-/// Block-wide, at the kernel's end (also after a timeout): the last block to get here
-/// publishes counter.seq = call.seq. NOTE: every block must call it exactly once.
-// NOTE: peers read counter.seq from other processes in drain() before freeing their areas, so
+/// Block-wide, at the kernel's end (also after a timeout): the last block to be counted stores
+/// counter.seq = call.seq, and (not kAwaited) counter.done. NOTE: every block must call it exactly
+/// once, with the beginCall's kAwaited.
+// NOTE: peers read counter.done from other processes in drain() before freeing their areas, so
 // this kernel's stores into their areas must be visible before it (Note [Fence scope]).
+template <bool kAwaited = false>
 __device__ __forceinline__ void endCall(const CallArgs& a, const Call& c) {
   __syncthreads();
   if (threadIdx.x != 0) return;
   SeqCounter* k = counterOf(a.peers.base[a.rank]);
-  uint64_t* seq = reinterpret_cast<uint64_t*>(&k->seq);
+  auto store = [](unsigned long long& field, uint64_t v) { *reinterpret_cast<volatile unsigned long long*>(&field) = v; };
+  uint64_t* done = reinterpret_cast<uint64_t*>(&k->done);
   if (gridDim.x == 1) {  // the only block: no count to take
-    *reinterpret_cast<volatile unsigned long long*>(&k->arrived) = c.blocks_before + 1;
-    *reinterpret_cast<volatile unsigned long long*>(&k->blocks) = c.blocks_before + 1;
-    return releaseToPeers(a.one_gpu, seq, c.seq);
+    store(k->arrived, c.blocks_before + 1);
+    store(k->blocks, c.blocks_before + 1);
+    store(k->seq, c.seq);
+    if (!kAwaited) releaseToPeers(a.one_gpu, done, c.seq);
+    return;
+  }
+  if (kAwaited) {  // counted at the start
+    if (c.before + 1 == c.blocks_before + gridDim.x) {
+      store(k->blocks, c.before + 1);
+      store(k->seq, c.seq);
+    }
+    return;
   }
   // Note [Release stores]: the count releases this block's stores and acquires the earlier blocks'
   unsigned long long before;
   asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], 1;" : "=l"(before) : "l"(&k->arrived) : "memory");
   if (before + 1 == c.blocks_before + gridDim.x) {  // every block of this kernel is done
-    *reinterpret_cast<volatile unsigned long long*>(&k->blocks) = before + 1;
-    releaseToPeers(a.one_gpu, seq, c.seq);
+    store(k->blocks, before + 1);
+    store(k->seq, c.seq);
+    releaseToPeers(a.one_gpu, done, c.seq);
   }
 }
 

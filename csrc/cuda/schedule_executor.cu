@@ -34,7 +34,7 @@ __device__ __forceinline__ uint64_t chunkAt(uint64_t c, const SchedArgs& a) {
 
 template <typename T, RedOp kOp, bool kReduce>
 __global__ void __launch_bounds__(kThreads) scheduleKernel(SchedArgs a) {
-  const Call c = beginCall(a);
+  const Call c = beginCall<false, true>(a);  // endFifoKernel waits for the peers' counter.done
   const uint64_t base = barrierBase(a);
   const int lane = blockIdx.x / a.per_lane, sub = blockIdx.x % a.per_lane;
   bool ok = true;
