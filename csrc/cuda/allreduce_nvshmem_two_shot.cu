@@ -9,8 +9,9 @@
 // a staged rank copies its parts out of its staging buffer. Part r of any copy
 // is read and written by rank r alone, so the stores need no further round.
 // Phase 1 is announced with push flags (Note [Push flags]), so every access to
-// a peer's memory after the phase-0 wait is a store that the peer waits for:
-// the kernel is awaited (Note [Awaited calls] in primitives.cuh).
+// a peer's memory (a flag polled, a part read or stored) comes before a store
+// that the peer waits for: the kernel is awaited (Note [Awaited calls] in
+// primitives.cuh).
 // Cost: two flag rounds; per rank n read from peers and n written to them;
 // staged, 2n more (copy in, copy out). With every tensor on the heap it moves
 // what SymmetricMemory's two-shot moves. Over cuda_ipc, on registered tensors

@@ -174,8 +174,9 @@ void PeerTransport::drain(int64_t timeout_ms) {
   if (failedLaunch() != 0) return;
   int prev = 0;
   if (cudaGetDevice(&prev) != cudaSuccess || cudaSetDevice(device_) != cudaSuccess) return;
-  // Note [Awaited calls]: after an awaited kernel, done is the call before it, and peers are
-  // done with this rank's memory once they have begun that kernel.
+  // Note [Awaited calls]: after an awaited kernel of call s, done is s - 1; a peer whose done
+  // reached s - 1 has ended its kernels up to s - 1, and its kernel of call s made every access to
+  // this rank's memory before a store that this rank's kernel waited for.
   auto seqOf = [](char* base, uint64_t& v) {
     return cudaMemcpy(&v, &counterOf(base)->done, sizeof(v), cudaMemcpyDefault) == cudaSuccess;
   };

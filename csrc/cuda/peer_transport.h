@@ -21,7 +21,8 @@
 // blocks has read it, one of them stores counter.seq = s. So a kernel captured
 // in a CUDA graph gets a fresh s at every replay. counter.done = s says "my
 // kernels up to call s have ended" (PeerTransport::drain and the schedule
-// executor wait for peers' values): the last block of a kernel to finish stores
+// executor's and the all_to_all's FIFO kernels wait for peers' values): the last
+// block of a kernel to finish stores
 // it, or, for an awaited kernel (Note [Awaited calls] in primitives.cuh), the
 // next kernel: block 0 at its start if it is awaited or a FIFO kernel, else its
 // last block at its end.

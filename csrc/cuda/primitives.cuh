@@ -150,25 +150,28 @@ struct Call {
 };
 
 // Note [Awaited calls]: the count that ends a kernel of several blocks (endCall) costs its last
-// block a round trip to memory after its work: an atomic whose result says whether it is the
-// last, and only then counter.seq and counter.done. An awaited kernel is one whose every access to
-// a peer's memory is a store that the peer's kernel of the same call waits for before it ends
-// (the LL kernels' lines, a push flag). It needs no such count at its end. When its own kernel
-// has ended, every peer is done with its memory (drain), and a later call's kernel starts only
-// after this one has ended (one stream). So each block counts itself at the start, right after
-// reading the counter; the atomic's result is needed only at its end. The last block to be counted
-// stores counter.seq there (every block has read it by then). counter.done is published by the
-// next awaited or FIFO kernel's block 0 at its start (beginCall), or at the end of the next other
-// kernel; drain reads it and waits for the call before its own last. A kernel that reads a peer's
-// memory (a staging buffer, a flag) after its last wait is not awaited: the peer could end, tear
-// down and free that memory first. NOTE: the ranks of one call run awaited kernels or none of them
-// (both two-shot kernels are awaited; LL is chosen by size, the same on every rank): after an
-// awaited call a rank's counter.done is one call behind, so a peer that ran a kernel not awaited
-// would wait in drain for a value that never comes, until its timeout. Measured against counting
-// at the end (one H100, graph replay, kernel time, float32, 3 pairs of rounds; docs/benchmarks.md,
-// "Awaited calls adopted"): the registered two-shot 0.24-0.90 us less at 2 and 4 ranks, 4 KiB-1
-// MiB, the LL all_reduce 0.32-0.88 us less at 4 and 64 KiB; by latency at 4 ranks, 4 and 8 KiB,
-// the LL all_reduce 0.69-1.13 us and the LL all_gather 0.59-0.71 less. The other kernels did not move.
+// block a round trip to memory after its work: an atomic whose result says whether it is the last,
+// and only then counter.seq and counter.done. An awaited kernel is one whose every access to a
+// peer's memory comes before (or is) a store that the peer's kernel of the same call waits for
+// before it ends (the LL kernels' lines, the two-shot's push flags). It needs no such count at its
+// end. When its own kernel has ended, every peer is done with its memory (drain), and a later
+// call's kernel starts only after this one has ended (one stream). So each block counts itself at
+// the start, right after reading the counter; the atomic's result is needed only at its end. The
+// last block to be counted stores counter.seq there (every block has read it by then). counter.done
+// is published by the next awaited or FIFO kernel's block 0 at its start (beginCall), or at the end
+// of the next other kernel; drain reads it and waits for the call before its own last. A kernel
+// that reads a peer's memory (a staging buffer, a flag) after its last wait is not awaited: the
+// peer could end, tear down and free that memory first. NOTE: the ranks of one call run awaited
+// kernels or none of them (both two-shot kernels are awaited; LL is chosen by size, the same on
+// every rank): after an awaited call a rank's counter.done is one call behind, so a peer that ran a
+// kernel not awaited would wait in drain for a value that never comes, until its timeout. Measured
+// against main before (the count at the end, phase 1 with flags, no early load; one H100, graph
+// replay, kernel time, float32, 3 pairs of rounds; docs/benchmarks.md, "Awaited calls adopted"):
+// the registered two-shot 0.24-0.90 us less at 2 and 4 ranks, 4 KiB-1 MiB, the LL all_reduce
+// 0.32-0.88 us less at 4 and 64 KiB; by latency at 4 ranks, 4 and 8 KiB, the LL all_reduce
+// 0.69-1.13 us and the LL all_gather 0.59-0.71 less, and the LL all_reduce below the simple
+// one_shot in every round (SymmetricMemory's one_shot, unchanged, moved by up to 0.93 between
+// builds). The unchanged kernels' own time moved by -0.16 to +0.10 us.
 
 /// Block-wide, at the kernel's start: this call's sequence number from the device counter.
 /// kAwaited: each block counts itself now (Note [Awaited calls]). kPublishDone (awaited kernels,
