@@ -22,10 +22,9 @@
 // in a CUDA graph gets a fresh s at every replay. counter.done = s says "my
 // kernels up to call s have ended" (PeerTransport::drain and the schedule
 // executor's and the all_to_all's FIFO kernels wait for peers' values): the last
-// block of a kernel to finish stores
-// it, or, for an awaited kernel (Note [Awaited calls] in primitives.cuh), the
-// next kernel: block 0 at its start if it is awaited or a FIFO kernel, else its
-// last block at its end.
+// block of a kernel to finish stores it, or, for an awaited kernel (Note
+// [Awaited calls] in primitives.cuh), the next kernel: block 0 at its start if
+// it is awaited or a FIFO kernel, else its last block at its end.
 //
 // Note [Flags]: a flag holds the sequence number of the last direct call whose
 // phase it announces. Values only grow (the area is zeroed once, at creation,
