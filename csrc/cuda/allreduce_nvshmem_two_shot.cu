@@ -33,18 +33,18 @@ __device__ __forceinline__ Walk partWalk(const BlockArgs& a, int j, const Walk& 
 
 }  // namespace
 
-// Note [Registered parts]: over registered tensors whose parts `rank` are all aligned and whole
-// (a multiple of 16 bytes), a part is reduced and stored straight through the mapped tensors, with
-// the one_shot's loop (reduceWalk), by a kernel of its own (allreduceRegisteredPartsKernel; the
-// host checks the parts, allReduceRegistered in blocks.cu). The general kernel keeps every rank's
-// source and destination in arrays indexed at run time, which live in local memory (a 256-288-byte
-// stack frame), and picks its loads per vector; parts that are not whole keep it. The two kernels
-// raise and wait for the same flags, so ranks of one call may run either (the rank whose part ends
-// off a 16-byte boundary runs the general one). Reducing registered parts without the arrays,
-// inside the general kernel, took 0.7-1.5 us off its time at 2 and 4 ranks, 64 KiB-1 MiB of
-// float32 (one H100, graph replay; docs/benchmarks.md, "The registered two-shot without pointer
-// arrays"); 8-bit types kept the general loop there, where reduceWalk's loads spilled. In a kernel of its own the path takes
-// 44-64 registers a thread, no stack and no spill for every type, where the general kernel's
+// Note [Registered parts]: over registered tensors whose parts `rank` are all aligned and whole (a
+// multiple of 16 bytes), a part is reduced and stored straight through the mapped tensors, with the
+// one_shot's loop (reduceWalk), by a kernel of its own (allreduceRegisteredPartsKernel; the host
+// checks the parts, allReduceRegistered in blocks.cu). The general kernel keeps every rank's source
+// and destination in arrays indexed at run time, which live in local memory (a 256-288-byte stack
+// frame), and picks its loads per vector; parts that are not whole keep it. The two kernels raise
+// and wait for the same flags, so ranks of one call may run either (the rank whose part ends off a
+// 16-byte boundary runs the general one). Reducing registered parts without the arrays, inside the
+// general kernel, took 0.7-1.5 us off its time at 2 and 4 ranks, 64 KiB-1 MiB of float32 (one H100,
+// graph replay; docs/benchmarks.md, "The registered two-shot without pointer arrays"); 8-bit types
+// kept the general loop there, where reduceWalk's loads spilled. In a kernel of its own the path
+// takes 44-64 registers a thread, no stack and no spill for every type, where the general kernel's
 // instances take 100-128 and such a stack (at 128 registers, a block of kThreads fills an SM's
 // register file). The kernel's own time fell by another 0.43-0.62 us at 2 and 4 ranks, 256 KiB-4
 // MiB of float32, in every pair of rounds (one H100, graph replay; docs/benchmarks.md, "The

@@ -177,17 +177,17 @@ void PeerTransport::drain(int64_t timeout_ms) {
   // Note [Awaited calls]: after an awaited kernel of call s, done is s - 1; a peer whose done
   // reached s - 1 has ended its kernels up to s - 1, and its kernel of call s made every access to
   // this rank's memory before a store that this rank's kernel waited for.
-  auto seqOf = [](char* base, uint64_t& v) {
+  auto doneOf = [](char* base, uint64_t& v) {
     return cudaMemcpy(&v, &counterOf(base)->done, sizeof(v), cudaMemcpyDefault) == cudaSuccess;
   };
   uint64_t last = 0;
-  if (seqOf(own_, last) && last > 0) {
+  if (doneOf(own_, last) && last > 0) {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     for (int q = 0; q < world_; ++q) {
       // NOTE: a dead peer's area is not read (Note [GPU watchdog]): its memory may be gone.
       if (q == rank_ || !peers_.base[q]) continue;  // nvshmem without a peer address: not readable
       uint64_t v = 0;
-      while (!isDead(q) && seqOf(peers_.base[q], v) && v < last && std::chrono::steady_clock::now() < deadline)
+      while (!isDead(q) && doneOf(peers_.base[q], v) && v < last && std::chrono::steady_clock::now() < deadline)
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }
