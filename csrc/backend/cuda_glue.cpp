@@ -681,10 +681,11 @@ void* CudaGroup::symmetricAlloc(uint64_t nbytes, const c10::Device& device) {
   return p;
 }
 
-bool CudaGroup::registerEligible(uint64_t nbytes) const {
+bool CudaGroup::registerEligible(uint64_t nbytes, bool captured) const {
   if (ipc_->memory() != cuda::PeerMemory::kCudaIpc) return false;
   if (settings_.allreduce == "registered") return true;
-  return settings_.allreduce == "auto" && settings_.register_bytes > 0 && nbytes >= settings_.register_bytes &&
+  const uint64_t from = captured ? settings_.captured_register_bytes : settings_.register_bytes;
+  return settings_.allreduce == "auto" && from > 0 && nbytes >= from &&
          allReduceAlgo(nbytes) != cuda::DirectAlgo::kOneShotLL;
 }
 
@@ -873,7 +874,7 @@ bool CudaGroup::allGatherRegistered(CudaOp& op, const at::Tensor& in, const std:
 }
 
 void CudaGroup::allReduceDirect(CudaOp& op, at::Tensor& t, DType dtype, RedOp rop, int64_t timeout_ms) {
-  if (registerEligible(t.nbytes()) && allReduceRegistered(op, t, dtype, rop, timeout_ms)) return;
+  if (registerEligible(t.nbytes(), op.captured) && allReduceRegistered(op, t, dtype, rop, timeout_ms)) return;
   const cuda::DirectAlgo algo = allReduceAlgo(t.nbytes());
   last_kernel_ = static_cast<int>(algo);
   uint64_t timeout_ns = static_cast<uint64_t>(timeout_ms) * 1000000ull;

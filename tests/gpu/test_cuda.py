@@ -197,6 +197,13 @@ def test_cuda_graph_registered(pools, world):
     pools.run(world, env, "graph_registered")
 
 
+@pytest.mark.parametrize("world", WORLDS + [3])
+def test_cuda_graph_capture_registers(pools, world):
+    """With the default settings, an all_reduce registers its tensors from a smaller size when captured
+    in a CUDA graph (TILECOMM_CUDA_CAPTURE_REGISTER_BYTES) than when run eagerly."""
+    pools.run(world, CONFIGS["auto"], "graph_capture_registers")
+
+
 @pytest.mark.parametrize("config", ["auto", "host_mapped", "system_fence"])
 @pytest.mark.parametrize("world", WORLDS)
 def test_gpu_topology(pools, world, config):
