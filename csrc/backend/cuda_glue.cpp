@@ -696,6 +696,7 @@ struct TensorExport {
   uint64_t id;      // its unique id there
   uint64_t offset;  // of the tensor in the allocation
   uint64_t extent;  // bytes of the call's range: every rank's must be the same
+  uint64_t issued;  // collectives the group issued before this call: every rank's must be the same
   uint8_t ok;       // exported
   uint8_t known;    // every peer opened this allocation before
   uint8_t pad[6];
@@ -794,12 +795,20 @@ std::optional<std::vector<char*>> CudaGroup::registerTensors(CudaOp& op, void* p
     cudaGetLastError();  // not within one cudaMalloc allocation (expandable segments, a VMM heap, pool memory)
   }
   mine.extent = extent;
+  mine.issued = op.issued;
   exchange(all.data(), sizeof(TensorExport), timeout_ms);
-  for (int q = 0; q < world_; ++q)  // the same answer on every rank: each sees every extent
+  for (int q = 0; q < world_; ++q) {  // the same answer on every rank: each sees every extent and count
     if (all[q].extent != extent)
       throw Error(ErrorKind::kDesync, "collective mismatch on the GPU: rank " + std::to_string(q) + " registered " +
                                           std::to_string(all[q].extent) + " bytes for this call, rank " +
                                           std::to_string(rank_) + " " + std::to_string(extent));
+    if (all[q].issued != op.issued)
+      throw Error(ErrorKind::kDesync,
+                  "collective mismatch on the GPU: rank " + std::to_string(q) + " registered tensors for its call " +
+                      std::to_string(all[q].issued) + ", rank " + std::to_string(rank_) + " for its call " +
+                      std::to_string(op.issued) +
+                      " (every rank must issue the same collectives, and capture the same ones in a CUDA graph)");
+  }
   bool every_known = true;
   for (const TensorExport& e : all) {
     if (!e.ok) return std::nullopt;  // the same answer on every rank

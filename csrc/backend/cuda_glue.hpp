@@ -93,8 +93,12 @@
 // Since the exchange is paid once there, a captured all_reduce registers from a smaller size,
 // TILECOMM_CUDA_CAPTURE_REGISTER_BYTES (1 MiB; eager calls from 4 MiB, where the exchange on every
 // call costs more than the staging copies it saves below a few MiB). That decision depends on the
-// capture, so every rank must capture the call: a rank that registers waits in the exchange for
-// peers that launched the staged kernel, and both end at the group timeout.
+// capture, so every rank must capture the call. Where some do not, a rank that registers waits
+// in the exchange for peers that launched the staged kernel; a peer's next exchange (a later
+// registering call) would pair with it, so each rank's export carries the number of collectives it
+// issued before this one (c10d's sequence number, the same on every rank that issues the same
+// collectives), and ranks whose numbers differ all throw a collective mismatch; with no later
+// exchange, both end at the group timeout.
 // A peer that stalls past the timeout inside a registered kernel may still store into a rank's
 // tensor after that rank's call failed; the group fails every later call.
 //
@@ -262,6 +266,7 @@ struct CudaOp : std::enable_shared_from_this<CudaOp> {
   std::atomic<bool> end_recorded{false};  // set by run()
   uint64_t direct_launch = 0;    // the launch id of its direct kernel, 0 if none
   bool captured = false;         // issued while the caller's stream was capturing a CUDA graph
+  uint64_t issued = 0;           // collectives the group issued before this one (Note [Registered tensors])
   std::shared_ptr<cuda::PeerTransport> ipc;
 
   /// Why its direct kernel failed on the GPU ("" if it did not, or has not finished).
@@ -454,8 +459,9 @@ class CudaGroup {
   /// The kernel of an all_reduce of nbytes over the group's peer memory (transport up).
   cuda::DirectAlgo allReduceAlgo(uint64_t nbytes) const;
   /// Note [Registered tensors]: whether an all_reduce of nbytes (captured in a CUDA graph or not)
-  /// registers its tensors (the same on every rank), and the registered kernel, if every rank could
-  /// export and open (else false: the staged kernel runs).
+  /// registers its tensors (the same on every rank where every rank captures the call or none does),
+  /// and the registered kernel, if every rank could export and open (else false: the staged kernel
+  /// runs).
   bool registerEligible(uint64_t nbytes, bool captured) const;
   bool allReduceRegistered(CudaOp& op, at::Tensor& t, DType dtype, RedOp rop, int64_t timeout_ms);
   /// Every rank's address of its tensor of `extent` bytes at p (this rank's own at its index), or

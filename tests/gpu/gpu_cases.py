@@ -2059,6 +2059,43 @@ def spawn_alltoall_mismatch(rank, world, port, timeout_s=20.0, mode="sizes"):
     return {"ran": ran, "first": first, "second": second, "waited": waited}
 
 
+def spawn_capture_mismatch(rank, world, port, timeout_s=20.0):
+    """Note [Registered tensors]: rank 0 captures an all_reduce of the captured registration size in a
+    CUDA graph (it registers), rank 1 runs the same call eagerly (staged) and then captures another
+    (it registers): the second exchange pairs with rank 0's first, with equal extents. Each rank's
+    count of issued collectives differs there, so both raise a collective mismatch instead of running
+    kernels of different calls against each other."""
+    from datetime import timedelta
+
+    import tilecomm  # noqa: F401
+    from tilecomm import settings
+
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group("tilecomm", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}",
+                            timeout=timedelta(seconds=timeout_s))
+    warm = torch.ones(1031, device=dev())
+    dist.all_reduce(warm)  # sets up the transport on every rank
+    torch.cuda.synchronize()
+    x = torch.ones(settings.value("TILECOMM_CUDA_CAPTURE_REGISTER_BYTES", {}) // 4, device=dev())
+    torch.cuda.synchronize()
+    before = _registered_calls()
+    first = ""
+    graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    try:
+        if rank == 1:
+            dist.all_reduce(x)  # eager: the staged kernel, waiting for rank 0's part of it
+        # Not torch.cuda.graph, which first synchronizes the device (rank 1's kernel waits for rank 0).
+        with torch.cuda.stream(side):
+            graph.capture_begin(capture_error_mode="relaxed")
+            try:
+                dist.all_reduce(x)
+            finally:
+                graph.capture_end()
+    except Exception as e:  # noqa: BLE001
+        first = f"{e} {e.__context__}"
+    return {"first": first, "registered": _registered_calls() - before}
+
+
 def spawn_schedule_mismatch(rank, world, port, timeout_s=20.0):
     """Ranks that call broadcasts of different sizes on the executor: an error that says so, well
     before the timeout, on the receiving rank; every rank's next call fails fast."""
