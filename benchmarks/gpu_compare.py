@@ -10,7 +10,8 @@ sum all_reduce (float32; --dtype bfloat16 or float16 for the others) through:
   staged (one group each; the cuda_ipc buffers are sized for the largest
   message; the forced paths with TILECOMM_PROTO=simple, auto with the LL kernel
   below TILECOMM_LL_BYTES and on registered tensors from
-  TILECOMM_CUDA_REGISTER_BYTES);
+  TILECOMM_CUDA_REGISTER_BYTES, or, timed as a captured graph, from
+  TILECOMM_CUDA_CAPTURE_REGISTER_BYTES);
 - `tilecomm:auto_op`: the auto group called through its operator
   (torch.ops.tilecomm.all_reduce_, Note [Operators]) instead of dist.all_reduce;
 - with --nvshmem, tilecomm with TILECOMM_CUDA_ALLREDUCE=nvshmem_two_shot on an ordinary tensor

@@ -681,10 +681,11 @@ void* CudaGroup::symmetricAlloc(uint64_t nbytes, const c10::Device& device) {
   return p;
 }
 
-bool CudaGroup::registerEligible(uint64_t nbytes) const {
+bool CudaGroup::registerEligible(uint64_t nbytes, bool captured) const {
   if (ipc_->memory() != cuda::PeerMemory::kCudaIpc) return false;
   if (settings_.allreduce == "registered") return true;
-  return settings_.allreduce == "auto" && settings_.register_bytes > 0 && nbytes >= settings_.register_bytes &&
+  const uint64_t from = captured ? settings_.captured_register_bytes : settings_.register_bytes;
+  return settings_.allreduce == "auto" && from > 0 && nbytes >= from &&
          allReduceAlgo(nbytes) != cuda::DirectAlgo::kOneShotLL;
 }
 
@@ -695,6 +696,7 @@ struct TensorExport {
   uint64_t id;      // its unique id there
   uint64_t offset;  // of the tensor in the allocation
   uint64_t extent;  // bytes of the call's range: every rank's must be the same
+  uint64_t issued;  // collectives the group issued before this call: every rank's must be the same
   uint8_t ok;       // exported
   uint8_t known;    // every peer opened this allocation before
   uint8_t pad[6];
@@ -793,12 +795,20 @@ std::optional<std::vector<char*>> CudaGroup::registerTensors(CudaOp& op, void* p
     cudaGetLastError();  // not within one cudaMalloc allocation (expandable segments, a VMM heap, pool memory)
   }
   mine.extent = extent;
+  mine.issued = op.issued;
   exchange(all.data(), sizeof(TensorExport), timeout_ms);
-  for (int q = 0; q < world_; ++q)  // the same answer on every rank: each sees every extent
+  for (int q = 0; q < world_; ++q) {  // the same answer on every rank: each sees every extent and count
     if (all[q].extent != extent)
       throw Error(ErrorKind::kDesync, "collective mismatch on the GPU: rank " + std::to_string(q) + " registered " +
                                           std::to_string(all[q].extent) + " bytes for this call, rank " +
                                           std::to_string(rank_) + " " + std::to_string(extent));
+    if (all[q].issued != op.issued)
+      throw Error(ErrorKind::kDesync,
+                  "collective mismatch on the GPU: rank " + std::to_string(q) + " registered tensors for its call " +
+                      std::to_string(all[q].issued) + ", rank " + std::to_string(rank_) + " for its call " +
+                      std::to_string(op.issued) +
+                      " (every rank must issue the same collectives, and capture the same ones in a CUDA graph)");
+  }
   bool every_known = true;
   for (const TensorExport& e : all) {
     if (!e.ok) return std::nullopt;  // the same answer on every rank
@@ -873,7 +883,7 @@ bool CudaGroup::allGatherRegistered(CudaOp& op, const at::Tensor& in, const std:
 }
 
 void CudaGroup::allReduceDirect(CudaOp& op, at::Tensor& t, DType dtype, RedOp rop, int64_t timeout_ms) {
-  if (registerEligible(t.nbytes()) && allReduceRegistered(op, t, dtype, rop, timeout_ms)) return;
+  if (registerEligible(t.nbytes(), op.captured) && allReduceRegistered(op, t, dtype, rop, timeout_ms)) return;
   const cuda::DirectAlgo algo = allReduceAlgo(t.nbytes());
   last_kernel_ = static_cast<int>(algo);
   uint64_t timeout_ns = static_cast<uint64_t>(timeout_ms) * 1000000ull;

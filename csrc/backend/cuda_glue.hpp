@@ -54,7 +54,8 @@
 // Note [Registered tensors]: a staged direct all_reduce first copies the caller's tensor into the
 // transport's staging buffer, because peers reach only memory that was exported and opened; that
 // copy in and the copy out make a two-shot move about 5n bytes per rank where the reduction needs
-// 2n. Over cuda_ipc, an all_reduce of at least TILECOMM_CUDA_REGISTER_BYTES (or every size with
+// 2n. Over cuda_ipc, an all_reduce of at least TILECOMM_CUDA_REGISTER_BYTES (captured in a CUDA
+// graph, of at least TILECOMM_CUDA_CAPTURE_REGISTER_BYTES, below; or every size with
 // TILECOMM_CUDA_ALLREDUCE=registered) registers the tensors instead: each rank exports the
 // allocation that holds its whole tensor (cudaIpcGetMemHandle, until every peer has opened it),
 // the ranks exchange {handle, allocation address and unique id, offset} with an all_gather of the
@@ -89,6 +90,15 @@
 // reads the peers' tensors at the addresses captured. Those stay valid while the peers' graphs
 // live: a graph's tensors stay where they are (torch's graph pool), as any replay needs; a
 // mapping replaced during a capture is retired, not closed (no stream can be synchronized then).
+// Since the exchange is paid once there, a captured all_reduce registers from a smaller size,
+// TILECOMM_CUDA_CAPTURE_REGISTER_BYTES (1 MiB; eager calls from 4 MiB, where the exchange on every
+// call costs more than the staging copies it saves below a few MiB). That decision depends on the
+// capture, so every rank must capture the call. Where some do not, a rank that registers waits
+// in the exchange for peers that launched the staged kernel; a peer's next exchange (a later
+// registering call) would pair with it, so each rank's export carries the number of collectives it
+// issued before this one (c10d's sequence number, the same on every rank that issues the same
+// collectives), and ranks whose numbers differ all throw a collective mismatch; with no later
+// exchange, both end at the group timeout.
 // A peer that stalls past the timeout inside a registered kernel may still store into a rank's
 // tensor after that rank's call failed; the group fails every later call.
 //
@@ -155,6 +165,7 @@ struct CudaSettings {
   uint64_t register_bytes = 4u << 20;  // all_reduce (auto) on registered tensors from this size (0: never)
   uint64_t allgather_register_bytes = 4u << 20;  // all_gather into registered outputs (0: never, or forced)
   uint64_t alltoall_register_bytes = 0;  // equal-block all_to_all into registered outputs (0: never; fifo)
+  uint64_t captured_register_bytes = 1u << 20;  // all_reduce (auto) captured in a CUDA graph: the same, from here
   int64_t timeout_ms = 30 * 60 * 1000;   // the group's timeout
   std::string proto = "auto";            // auto | ll | simple
   // Per peer memory (indexed by cuda::PeerMemory, the order of cuda_model.MEMORIES), set by
@@ -255,6 +266,7 @@ struct CudaOp : std::enable_shared_from_this<CudaOp> {
   std::atomic<bool> end_recorded{false};  // set by run()
   uint64_t direct_launch = 0;    // the launch id of its direct kernel, 0 if none
   bool captured = false;         // issued while the caller's stream was capturing a CUDA graph
+  uint64_t issued = 0;           // collectives the group issued before this one (Note [Registered tensors])
   std::shared_ptr<cuda::PeerTransport> ipc;
 
   /// Why its direct kernel failed on the GPU ("" if it did not, or has not finished).
@@ -446,10 +458,11 @@ class CudaGroup {
   uint64_t llLimit() const;
   /// The kernel of an all_reduce of nbytes over the group's peer memory (transport up).
   cuda::DirectAlgo allReduceAlgo(uint64_t nbytes) const;
-  /// Note [Registered tensors]: whether an all_reduce of nbytes registers its tensors (the same on
-  /// every rank), and the registered kernel, if every rank could export and open (else false: the
-  /// staged kernel runs).
-  bool registerEligible(uint64_t nbytes) const;
+  /// Note [Registered tensors]: whether an all_reduce of nbytes (captured in a CUDA graph or not)
+  /// registers its tensors (the same on every rank where every rank captures the call or none does),
+  /// and the registered kernel, if every rank could export and open (else false: the staged kernel
+  /// runs).
+  bool registerEligible(uint64_t nbytes, bool captured) const;
   bool allReduceRegistered(CudaOp& op, at::Tensor& t, DType dtype, RedOp rop, int64_t timeout_ms);
   /// Every rank's address of its tensor of `extent` bytes at p (this rank's own at its index), or
   /// nullopt on every rank where some rank's cannot be exported (not within one exportable

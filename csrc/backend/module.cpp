@@ -289,7 +289,7 @@ PYBIND11_MODULE(_C, m) {
          int64_t timeout_ms, const std::string& proto, std::array<uint64_t, cuda::kMemories> ll_bytes,
          uint64_t allgather_ll_bytes, const std::string& transport, const std::string& fence,
          const std::vector<std::tuple<std::string, std::string, std::string>>& gpu_links, const py::dict& nvshmem,
-         std::array<uint64_t, 3> register_bytes, uint64_t allgather_register_ll_bytes, const std::string& p2p,
+         std::array<uint64_t, 4> register_bytes, uint64_t allgather_register_ll_bytes, const std::string& p2p,
          const std::array<std::vector<std::vector<std::pair<uint64_t, uint16_t>>>, 2>& executor_tables) {
         backend::CudaSettings s;
         for (int m = 0; m < 2; ++m) s.executor_tables[m] = executor_tables[m];
@@ -299,6 +299,7 @@ PYBIND11_MODULE(_C, m) {
         s.register_bytes = register_bytes[0];
         s.allgather_register_bytes = register_bytes[1];
         s.alltoall_register_bytes = register_bytes[2];
+        s.captured_register_bytes = register_bytes[3];
         s.allgather_register_ll_bytes = allgather_register_ll_bytes;
         s.timeout_ms = timeout_ms;
         s.proto = proto;
@@ -330,9 +331,10 @@ PYBIND11_MODULE(_C, m) {
       py::arg("allgather_ll_bytes") = cuda::kLLMaxBytes, py::arg("transport") = "auto",
       py::arg("fence") = "auto",
       py::arg("gpu_links") = std::vector<std::tuple<std::string, std::string, std::string>>{}, py::arg("nvshmem"),
-      py::arg("register_bytes") = std::array<uint64_t, 3>{backend::CudaSettings{}.register_bytes,
+      py::arg("register_bytes") = std::array<uint64_t, 4>{backend::CudaSettings{}.register_bytes,
                                                             backend::CudaSettings{}.allgather_register_bytes,
-                                                            backend::CudaSettings{}.alltoall_register_bytes},
+                                                            backend::CudaSettings{}.alltoall_register_bytes,
+                                                            backend::CudaSettings{}.captured_register_bytes},
       py::arg("allgather_register_ll_bytes") = cuda::kLLMaxBytes, py::arg("p2p") = "direct",
       py::arg("executor_tables") = std::array<std::vector<std::vector<std::pair<uint64_t, uint16_t>>>, 2>{});
   // NOTE: without the GIL: it waits for its turn behind the group's operations, whose Future

@@ -398,6 +398,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTilecomm::launch(c10d::OpType type, b
     // Note [Synchronous CUDA calls]: a synchronous call that may run as a kernel runs on the
     // caller's stream; otherwise the ready event is recorded on it.
     cc->op = cuda_->beginCollective(first->device(), !async && (direct || on_device));
+    cc->op->issued = issued_.load(std::memory_order_relaxed);  // Note [Registered tensors]
     TORCH_CHECK_VALUE(!cc->op->captured || direct || on_device, "tilecomm: ", c10d::opTypeToString(type),
                       " on CUDA tensors cannot be captured in a CUDA graph: it runs staged through host memory "
                       "(point-to-point, complex reductions, and groups without a GPU peer transport are staged)");

@@ -258,12 +258,16 @@ def split(store, rank, world, timeout_ms, group_name):
 
 
 def register_bytes(cfg, forced) -> list:
-    """[all_reduce, all_gather, all_to_all]: from which size the CUDA kernels work on registered tensors
-    (0: never). Registered outputs replace no all_gather algorithm that TILECOMM_ALGO forces (CPU or
-    CUDA); all_to_all registers only with TILECOMM_CUDA_ALLTOALL=registered."""
+    """[all_reduce, all_gather, all_to_all, captured all_reduce]: from which size the CUDA kernels work
+    on registered tensors (0: never). Registered outputs replace no all_gather algorithm that
+    TILECOMM_ALGO forces (CPU or CUDA); all_to_all registers only with TILECOMM_CUDA_ALLTOALL=registered;
+    an all_reduce captured in a CUDA graph registers from TILECOMM_CUDA_CAPTURE_REGISTER_BYTES where that
+    is smaller (and not 0)."""
     size = max(0, cfg["TILECOMM_CUDA_REGISTER_BYTES"])
+    captured = max(0, cfg["TILECOMM_CUDA_CAPTURE_REGISTER_BYTES"])
     return [size, 0 if forced.get("all_gather") or forced.get("cuda:all_gather") else size,
-            size if cfg["TILECOMM_CUDA_ALLTOALL"] == "registered" else 0]
+            size if cfg["TILECOMM_CUDA_ALLTOALL"] == "registered" else 0,
+            min(size, captured) if size and captured else size]
 
 
 def allgather_ll_bytes(cfg) -> int:

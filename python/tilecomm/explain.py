@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tilecomm import algorithms, bench, executor_model, selector, settings
+from tilecomm import _backend, algorithms, bench, executor_model, selector, settings
 
 _UNITS = [(1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")]
 _DTYPES = sorted({str(d).replace("torch.", "") for d in bench.DTYPES.values()})
@@ -114,6 +114,10 @@ def direct_lines(world: int, memory: str, profile, cfg, nbytes=None) -> list[str
     if memory == "cuda_ipc" and cfg["TILECOMM_CUDA_REGISTER_BYTES"] > 0:
         lines.append(f"  from {format_bytes(cfg['TILECOMM_CUDA_REGISTER_BYTES'])} the two-shot on registered tensors "
                      "(TILECOMM_CUDA_REGISTER_BYTES; not priced by the model)")
+        eager, _, _, captured = _backend.register_bytes(cfg, {})
+        if captured < eager:
+            lines.append(f"  captured in a CUDA graph, from {format_bytes(captured)} "
+                         "(TILECOMM_CUDA_CAPTURE_REGISTER_BYTES)")
     if nbytes is not None:
         consts = cuda_model.constants(profile)
         kernels = [k for k, v in cuda_model.KERNELS.items() if v.collective == "all_reduce"]

@@ -194,6 +194,18 @@ SETTINGS = [
         "mapped until its address is reused or the group ends (see docs/architecture.md).",
     ),
     Setting(
+        "TILECOMM_CUDA_CAPTURE_REGISTER_BYTES",
+        int,
+        1048576,
+        "Over cuda_ipc, with `TILECOMM_CUDA_ALLREDUCE=auto`: an all_reduce captured in a CUDA graph registers "
+        "the ranks' tensors and runs the two-shot kernel on them from this many bytes (above the LL limit), "
+        "where `TILECOMM_CUDA_REGISTER_BYTES` is larger (the handle exchange then runs once, at the capture, "
+        "not at each replay). Every rank must capture the call: a rank that registers waits in the exchange "
+        "for its peers, so a call that some ranks capture and others run eagerly fails, with a collective "
+        "mismatch at a peer's next registered call or at the group timeout. 0, or "
+        "`TILECOMM_CUDA_REGISTER_BYTES=0`: captured calls register as eager ones do.",
+    ),
+    Setting(
         "TILECOMM_CUDA_TWO_SHOT_BYTES",
         int,
         -1,

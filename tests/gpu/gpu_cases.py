@@ -477,6 +477,58 @@ def graph_registered(rank, world, gloo, replays=12):
     finish()
 
 
+def graph_capture_registers(rank, world, gloo, replays=9):
+    """Note [Registered tensors], with the default settings: an all_reduce of
+    TILECOMM_CUDA_CAPTURE_REGISTER_BYTES registers its tensors when captured in a CUDA graph, not when
+    run eagerly; one just below it does not register captured either. Float32 SUM of exactly that
+    size, bfloat16 MAX of it, float32 AVG of an odd size above it (parts that are not whole) are
+    replayed with fresh inputs against the closed form, the same bits on every rank."""
+    from tilecomm import settings
+
+    d = dev()
+    from_bytes = settings.value("TILECOMM_CUDA_CAPTURE_REGISTER_BYTES", {})
+    eager_from = settings.value("TILECOMM_CUDA_REGISTER_BYTES", {})
+    check(0 < from_bytes < eager_from, f"defaults: captured from {from_bytes}, eager from {eager_from}")
+    n = from_bytes // 4
+    cases = [  # (tensor, dtype, op, registers)
+        (torch.empty(n, device=d), torch.float32, "sum", True),
+        (torch.empty(2 * n, dtype=torch.bfloat16, device=d), torch.bfloat16, "max", True),
+        (torch.empty(n + 1031, device=d), torch.float32, "avg", True),
+        (torch.empty(n - 4, device=d), torch.float32, "sum", False),
+    ]
+
+    def fill(k):
+        for t, dt, op, _ in cases:
+            t.copy_(data(rank, t.numel(), dt, op, salt=k))
+
+    fill(0)
+    before = _registered_calls()
+    dist.all_reduce(cases[0][0])  # eager: the staged kernel
+    torch.cuda.synchronize()
+    check(_registered_calls() == before, f"an eager all_reduce of {from_bytes} B registered")
+    check(backend().cuda_last_kernel() != "allreduce_two_shot_registered", "eager: the registered kernel")
+    check_equal(cases[0][0], closed_form(world, n, torch.float32, "sum"), "eager all_reduce")
+    fill(0)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for t, _, op, _ in cases:
+            dist.all_reduce(t, op=reduce_op(op))
+    registered = sum(r for *_, r in cases)
+    check(_registered_calls() == before + registered, f"capture: registered calls {before} -> {_registered_calls()}")
+    check(backend().cuda_last_kernel() != "allreduce_two_shot_registered", "captured below the size: registered")
+    for k in range(1, replays + 1):
+        fill(k)
+        graph.replay()
+        for t, dt, op, _ in cases:
+            check_equal(t, closed_form(world, t.numel(), dt, op, salt=k), f"replay {k}: {op} {dt} n={t.numel()}")
+        identical(gloo, torch.cat([t.float() for t, *_ in cases]), f"replay {k}")
+    check(_registered_calls() == before + registered, "replays registered again")
+    del graph
+    torch.cuda.synchronize()
+    finish()
+
+
 SEQUENCE_SIZES = (0, 1, 1031, 65543, 1 << 20)
 SEQUENCE_CALLS = ((torch.float32, "sum"), (torch.bfloat16, "max"), (torch.int32, "bxor"), (torch.float16, "avg"),
                   (torch.int64, "product"))
@@ -2005,6 +2057,43 @@ def spawn_alltoall_mismatch(rank, world, port, timeout_s=20.0, mode="sizes"):
     except Exception as e:  # noqa: BLE001
         second = str(e)
     return {"ran": ran, "first": first, "second": second, "waited": waited}
+
+
+def spawn_capture_mismatch(rank, world, port, timeout_s=20.0):
+    """Note [Registered tensors]: rank 0 captures an all_reduce of the captured registration size in a
+    CUDA graph (it registers), rank 1 runs the same call eagerly (staged) and then captures another
+    (it registers): the second exchange pairs with rank 0's first, with equal extents. Each rank's
+    count of issued collectives differs there, so both raise a collective mismatch instead of running
+    kernels of different calls against each other."""
+    from datetime import timedelta
+
+    import tilecomm  # noqa: F401
+    from tilecomm import settings
+
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group("tilecomm", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}",
+                            timeout=timedelta(seconds=timeout_s))
+    warm = torch.ones(1031, device=dev())
+    dist.all_reduce(warm)  # sets up the transport on every rank
+    torch.cuda.synchronize()
+    x = torch.ones(settings.value("TILECOMM_CUDA_CAPTURE_REGISTER_BYTES", {}) // 4, device=dev())
+    torch.cuda.synchronize()
+    before = _registered_calls()
+    first = ""
+    graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    try:
+        if rank == 1:
+            dist.all_reduce(x)  # eager: the staged kernel, waiting for rank 0's part of it
+        # Not torch.cuda.graph, which first synchronizes the device (rank 1's kernel waits for rank 0).
+        with torch.cuda.stream(side):
+            graph.capture_begin(capture_error_mode="relaxed")
+            try:
+                dist.all_reduce(x)
+            finally:
+                graph.capture_end()
+    except Exception as e:  # noqa: BLE001
+        first = f"{e} {e.__context__}"
+    return {"first": first, "registered": _registered_calls() - before}
 
 
 def spawn_schedule_mismatch(rank, world, port, timeout_s=20.0):

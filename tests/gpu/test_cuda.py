@@ -7,6 +7,7 @@ Skipped as a whole where there is no GPU (see gpu_harness.skip_without_gpu).
 
 import json
 import os
+import re
 
 import gpu_harness
 
@@ -195,6 +196,29 @@ def test_cuda_graph_registered(pools, world):
     env = {"TILECOMM_CUDA_ALLREDUCE": "registered", "TILECOMM_PROTO": "simple", "TILECOMM_CUDA_REGISTER_BYTES": "1",
            "TILECOMM_CUDA_ALLTOALL": "registered", "TILECOMM_NVSHMEM": "off"}
     pools.run(world, env, "graph_registered")
+
+
+@pytest.mark.parametrize("world", WORLDS + [3])
+def test_cuda_graph_capture_registers(pools, world):
+    """With the default settings, an all_reduce registers its tensors from a smaller size when captured
+    in a CUDA graph (TILECOMM_CUDA_CAPTURE_REGISTER_BYTES) than when run eagerly."""
+    pools.run(world, CONFIGS["auto"], "graph_capture_registers")
+
+
+def test_capture_on_some_ranks_is_a_mismatch():
+    """A call captured on one rank and run eagerly on the other: the captured one registers; the eager
+    rank's next registration (captured) pairs with it and both raise a collective mismatch."""
+    out = gpu_harness.spawn_ranks(2, "spawn_capture_mismatch", {}, timeout=120.0)
+    assert [o[0] for o in out] == ["ok", "ok"], out
+    r0, r1 = out[0][1], out[1][1]
+    calls = []
+    for me, r in enumerate((r0, r1)):
+        m = re.search(rf"collective mismatch on the GPU: rank {1 - me} registered tensors for its call (\d+), "
+                      rf"rank {me} for its call (\d+)", r["first"])
+        assert m, out
+        calls.append((int(m[2]), int(m[1])) if me == 0 else (int(m[1]), int(m[2])))  # (rank 0's, rank 1's)
+    assert calls[0] == calls[1] and calls[0][1] == calls[0][0] + 1, out  # rank 1 issued one call more
+    assert r0["registered"] == r1["registered"] == 0, out
 
 
 @pytest.mark.parametrize("config", ["auto", "host_mapped", "system_fence"])

@@ -55,7 +55,7 @@ def test_set_cuda_gets_the_executors_tables(cuda_build):
                 assert table == [tuple(e) for e in want[m].get(coll, [])], (m, coll)
         assert tables[0][algorithms.COLLECTIVES.index("broadcast")]  # collectives the executor runs have one
         assert not tables[0][algorithms.COLLECTIVES.index("all_to_all")]  # the others none
-        assert len(kwargs["ll_bytes"]) == 3 and len(kwargs["register_bytes"]) == 3
+        assert len(kwargs["ll_bytes"]) == 3 and len(kwargs["register_bytes"]) == 4
         # uint64_t each: all_gather's LL limit, and from where a registered output leaves LL
         assert kwargs["allgather_ll_bytes"] == cuda_model.LL_MAX_BYTES
         want = cuda_model.allgather_register_ll_bytes(selector.DEFAULT_PROFILE, 1)

@@ -192,6 +192,10 @@ def test_cuda_all_reduce_shows_the_direct_kernels(capsys, monkeypatch):
         got = float(re.search(rf"^    {k}\s+([\d.]+)$", out, re.M).group(1))
         assert got == pytest.approx(cuda_model.predict(k, 4, 65536, consts, "cuda_ipc") * 1e6, abs=0.01)
     assert "registered tensors" in out and "note: TILECOMM" not in out
+    assert "captured in a CUDA graph, from 1 MiB (TILECOMM_CUDA_CAPTURE_REGISTER_BYTES)" in out
+    monkeypatch.setenv("TILECOMM_CUDA_CAPTURE_REGISTER_BYTES", "0")  # captured calls as eager ones
+    assert "captured in a CUDA graph" not in run(capsys, "--collective", "all_reduce", "--world-size", "4",
+                                                 "--device", "cuda")
     monkeypatch.setenv("TILECOMM_CUDA_TWO_SHOT_BYTES", "0")
     monkeypatch.setenv("TILECOMM_PROTO", "simple")
     out = run(capsys, "--collective", "all_reduce", "--world-size", "2", "--device", "cuda", "--memory", "host_mapped")

@@ -90,23 +90,30 @@ def test_protocol_and_ll_crossover_read():
 
 
 def test_register_bytes_per_collective():
-    """TILECOMM_CUDA_REGISTER_BYTES: [all_reduce, all_gather, all_to_all]; a forced all_gather algorithm
-    (CPU or CUDA) turns registered outputs off, a forced algorithm of another collective does not;
-    all_to_all registers only with TILECOMM_CUDA_ALLTOALL=registered."""
+    """TILECOMM_CUDA_REGISTER_BYTES: [all_reduce, all_gather, all_to_all, captured all_reduce]; a forced
+    all_gather algorithm (CPU or CUDA) turns registered outputs off, a forced algorithm of another
+    collective does not; all_to_all registers only with TILECOMM_CUDA_ALLTOALL=registered; a captured
+    all_reduce registers from TILECOMM_CUDA_CAPTURE_REGISTER_BYTES where that is smaller and not 0."""
     from tilecomm import _backend, selector  # noqa: PLC0415
 
     cfg = settings.resolve({})
     size = cfg["TILECOMM_CUDA_REGISTER_BYTES"]
-    assert size == 4 << 20
-    assert _backend.register_bytes(cfg, {}) == [size, size, 0]
-    assert _backend.register_bytes(cfg, selector.parse_forced("all_reduce:ring")) == [size, size, 0]
-    assert _backend.register_bytes(cfg, selector.parse_forced("all_gather:ring")) == [size, 0, 0]
-    assert _backend.register_bytes(cfg, selector.parse_forced("all_gather:nvshmem_push")) == [size, 0, 0]
-    assert _backend.register_bytes(cfg, selector.parse_forced("ring")) == [size, 0, 0]  # every collective's ring
+    captured = cfg["TILECOMM_CUDA_CAPTURE_REGISTER_BYTES"]
+    assert size == 4 << 20 and captured == 1 << 20
+    assert _backend.register_bytes(cfg, {}) == [size, size, 0, captured]
+    assert _backend.register_bytes(cfg, selector.parse_forced("all_reduce:ring")) == [size, size, 0, captured]
+    assert _backend.register_bytes(cfg, selector.parse_forced("all_gather:ring")) == [size, 0, 0, captured]
+    assert _backend.register_bytes(cfg, selector.parse_forced("all_gather:nvshmem_push")) == [size, 0, 0, captured]
+    every = selector.parse_forced("ring")  # every collective's ring
+    assert _backend.register_bytes(cfg, every) == [size, 0, 0, captured]
     off = settings.resolve({"TILECOMM_CUDA_REGISTER_BYTES": "0"})
-    assert _backend.register_bytes(off, {}) == [0, 0, 0]
+    assert _backend.register_bytes(off, {}) == [0, 0, 0, 0]
     on = settings.resolve({"TILECOMM_CUDA_ALLTOALL": "registered"})
-    assert _backend.register_bytes(on, {}) == [size, size, size]
+    assert _backend.register_bytes(on, {}) == [size, size, size, captured]
+    same = settings.resolve({"TILECOMM_CUDA_CAPTURE_REGISTER_BYTES": "0"})
+    assert _backend.register_bytes(same, {}) == [size, size, 0, size]
+    low = settings.resolve({"TILECOMM_CUDA_REGISTER_BYTES": "65536"})  # the smaller applies
+    assert _backend.register_bytes(low, {}) == [65536, 65536, 0, 65536]
     with pytest.raises(ValueError, match="TILECOMM_CUDA_ALLTOALL"):
         settings.resolve({"TILECOMM_CUDA_ALLTOALL": "push"})
 
