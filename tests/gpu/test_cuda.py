@@ -207,8 +207,11 @@ def test_cuda_graph_capture_registers(pools, world):
 
 def test_capture_on_some_ranks_is_a_mismatch():
     """A call captured on one rank and run eagerly on the other: the captured one registers; the eager
-    rank's next registration (captured) pairs with it and both raise a collective mismatch."""
-    out = gpu_harness.spawn_ranks(2, "spawn_capture_mismatch", {}, timeout=120.0)
+    rank's next registration (captured) pairs with it and both raise a collective mismatch. The eager
+    rank's kernel still waits for its peer when the ranks exit, so they run without MPS (as in
+    test_rank_killed_mid_kernel: under MPS that exit is a fatal fault for every client of the GPU)."""
+    env = {"CUDA_MPS_PIPE_DIRECTORY": "/nonexistent/tilecomm-no-mps"}  # no MPS daemon there
+    out = gpu_harness.spawn_ranks(2, "spawn_capture_mismatch", env, timeout=120.0)
     assert [o[0] for o in out] == ["ok", "ok"], out
     r0, r1 = out[0][1], out[1][1]
     calls = []
